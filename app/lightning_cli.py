@@ -1,0 +1,60 @@
+"""LightningCLI for lvrl: ``lvrl fit|validate|test --config configs/....yaml``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningCLI
+
+from datamodules.longvideo_reason import LongVideoReasonDataModule
+from models.vlm_module import VLMModule
+
+RUN_DIR_TOKEN = "${trainer.default_root_dir}"
+
+
+def _substitute(value: Any, token: str, replacement: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(token, replacement)
+    if isinstance(value, Namespace):
+        for key in value.keys():
+            value[key] = _substitute(value[key], token, replacement)
+        return value
+    if isinstance(value, dict):
+        return {k: _substitute(v, token, replacement) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, token, replacement) for v in value]
+    return value
+
+
+class LvrlCLI(LightningCLI):
+    """LightningCLI with lvrl's conventions.
+
+    - ``model.init_args.model_path`` is linked to ``data.init_args.processor_path``: the data
+      is prepared by the processor of the model being trained.
+    - ``${trainer.default_root_dir}`` inside any string of the config (logger ``save_dir``,
+      callback ``dirpath``) is replaced by the run folder, so one ``--trainer.default_root_dir``
+      moves a whole run (checkpoints, CSV metrics, wandb files, HF export).
+    """
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("model.init_args.model_path", "data.init_args.processor_path")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        run_dir = config.trainer.default_root_dir or os.getcwd()
+        config.trainer = _substitute(config.trainer, RUN_DIR_TOKEN, str(run_dir))
+
+
+def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
+    return LvrlCLI(
+        VLMModule,
+        LongVideoReasonDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=list(argv),
+        auto_configure_optimizers=False,
+    )

@@ -1,0 +1,131 @@
+"""Turning decoded samples into model inputs, through the model's own processor.
+
+The processor expands the video placeholder to one ``<|video_pad|>`` per merged visual token
+and returns pixel patches, ``video_grid_thw`` and ``second_per_grid_ts`` (derived from the
+sampled frame rate we pass as metadata). The prompt and the assistant target are tokenised
+separately and concatenated, so the SFT label mask covers exactly the assistant tokens and
+generation sees exactly the prompt it was trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from datamodules.prompts import assistant_target, chat_messages
+from datamodules.stream import VideoQASample
+
+IGNORE_INDEX = -100
+# Values of ``mm_token_type_ids``, which Qwen2.5-VL needs to build its 3-D (M-RoPE) positions.
+TEXT_TOKEN, IMAGE_TOKEN, VIDEO_TOKEN = 0, 1, 2
+
+
+def video_metadata(sample: VideoQASample) -> dict[str, Any]:
+    """What the HF processor needs to know of the sampled frames.
+
+    It derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` with
+    ``sampled_fps = len(frames_indices) / total_num_frames * fps``; without this it assumes 24 fps.
+    """
+    video = sample.video
+    return {
+        "fps": video.fps,
+        "total_num_frames": video.total_num_frames,
+        "frames_indices": list(video.frame_indices),
+        "duration": video.duration,
+        "height": int(video.frames.shape[1]),
+        "width": int(video.frames.shape[2]),
+    }
+
+
+def _pad(sequences: Sequence[torch.Tensor], value: int, side: str) -> torch.Tensor:
+    length = max(len(s) for s in sequences)
+    out = torch.full((len(sequences), length), value, dtype=sequences[0].dtype)
+    for i, seq in enumerate(sequences):
+        if side == "right":
+            out[i, : len(seq)] = seq
+        else:
+            out[i, length - len(seq) :] = seq
+    return out
+
+
+class VideoQACollator:
+    """Collates :class:`VideoQASample` lists into a batch dict.
+
+    Always returns the video tensors and ``meta`` (one dict per sample: key, shard,
+    problem_id, category, answer, options). With ``with_targets`` it adds the teacher-forcing
+    layout (prompt + target, right-padded) with ``labels`` that are ``-100`` outside the
+    assistant tokens; with ``with_generation_prompts`` it adds the prompt alone, left-padded,
+    for batched generation (``prompt_*`` keys).
+    """
+
+    def __init__(self, processor: Any, *, with_targets: bool = True, with_generation_prompts: bool = False) -> None:
+        self.processor = processor
+        self.tokenizer = processor.tokenizer
+        self.with_targets = with_targets
+        self.with_generation_prompts = with_generation_prompts
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            raise ValueError("the tokenizer has no pad token")
+        self.end_of_turn = "<|im_end|>"
+        self.video_token_id = self.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+    def mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        types = torch.full_like(input_ids, TEXT_TOKEN, dtype=torch.int32)
+        types[input_ids == self.image_token_id] = IMAGE_TOKEN
+        types[input_ids == self.video_token_id] = VIDEO_TOKEN
+        return types
+
+    def encode_prompt(self, sample: VideoQASample) -> dict[str, Any]:
+        prompt = self.processor.apply_chat_template(
+            chat_messages(sample.row), tokenize=False, add_generation_prompt=True
+        )
+        return self.processor(
+            text=[prompt],
+            videos=[sample.video.frames],
+            video_metadata=[video_metadata(sample)],
+            return_tensors="pt",
+        )
+
+    def encode_target(self, sample: VideoQASample) -> torch.Tensor:
+        text = assistant_target(sample.row) + self.end_of_turn
+        return torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+
+    def __call__(self, samples: Sequence[VideoQASample]) -> dict[str, Any]:
+        encoded = [self.encode_prompt(s) for s in samples]
+        prompts = [e["input_ids"][0] for e in encoded]
+        batch: dict[str, Any] = {
+            "pixel_values_videos": torch.cat([e["pixel_values_videos"] for e in encoded]),
+            "video_grid_thw": torch.cat([e["video_grid_thw"] for e in encoded]),
+            "second_per_grid_ts": torch.tensor(
+                [t for e in encoded for t in e["second_per_grid_ts"]], dtype=torch.float32
+            ),
+            "meta": [
+                {
+                    "key": s.key,
+                    "shard": s.shard,
+                    "problem_id": s.row.problem_id,
+                    "category": s.row.category,
+                    "answer": s.row.answer,
+                    "options": list(s.row.options),
+                }
+                for s in samples
+            ],
+        }
+        if self.with_targets:
+            targets = [self.encode_target(s) for s in samples]
+            full = [torch.cat([p, t]) for p, t in zip(prompts, targets, strict=True)]
+            labels = [
+                torch.cat([torch.full_like(p, IGNORE_INDEX), t]) for p, t in zip(prompts, targets, strict=True)
+            ]
+            batch["input_ids"] = _pad(full, self.pad_id, "right")
+            batch["attention_mask"] = _pad([torch.ones_like(f) for f in full], 0, "right")
+            batch["labels"] = _pad(labels, IGNORE_INDEX, "right")
+            batch["mm_token_type_ids"] = self.mm_token_type_ids(batch["input_ids"])
+        if self.with_generation_prompts:
+            batch["prompt_input_ids"] = _pad(prompts, self.pad_id, "left")
+            batch["prompt_attention_mask"] = _pad([torch.ones_like(p) for p in prompts], 0, "left")
+            batch["prompt_mm_token_type_ids"] = self.mm_token_type_ids(batch["prompt_input_ids"])
+        return batch

@@ -1,0 +1,138 @@
+"""LightningDataModule streaming LongVideo-Reason-style video QA shards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from transformers import AutoProcessor
+
+from datamodules.collate import VideoQACollator
+from datamodules.shards import resolve_shards
+from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
+
+
+def data_parallel_coordinates(trainer: L.Trainer | None, sequence_parallel_size: int) -> tuple[int, int]:
+    """``(data_parallel_rank, data_parallel_size)`` of this process.
+
+    A strategy that owns a device mesh says so itself (``data_parallel_rank``/``_size``
+    attributes); otherwise consecutive global ranks form a sequence-parallel group and share
+    one data-parallel rank.
+    """
+    if trainer is None:
+        return 0, 1
+    strategy = trainer.strategy
+    if hasattr(strategy, "data_parallel_rank") and hasattr(strategy, "data_parallel_size"):
+        return int(strategy.data_parallel_rank), int(strategy.data_parallel_size)
+    world_size = trainer.world_size
+    if world_size % sequence_parallel_size:
+        raise ValueError(f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}")
+    return trainer.global_rank // sequence_parallel_size, world_size // sequence_parallel_size
+
+
+class LongVideoReasonDataModule(L.LightningDataModule):
+    """Video QA shards (``<key>.mp4`` + ``<key>.json``) for CoT-SFT, evaluation and RL.
+
+    Args:
+        train_shards: shard paths, brace patterns or globs for training (``data/train-*.tar``).
+        val_shards: the same for validation.
+        test_shards: the same for testing.
+        processor_path: model directory whose processor (tokenizer, chat template, video
+            processor) prepares the inputs; usually linked to the model's path.
+        num_frames: frames sampled uniformly over each video.
+        max_pixels_per_frame: pixel budget of a frame; frames are resized while decoding to the
+            largest multiple-of-28 size within it (128*28*28 is the paper's setting).
+        batch_size: samples per training batch and data-parallel rank.
+        val_batch_size: samples per validation batch (defaults to ``batch_size``).
+        num_workers: dataloader worker processes per rank (decoding runs there).
+        shuffle_buffer: training samples held for shuffling (shard order is shuffled too).
+        seed: seed of the per-epoch shuffles.
+        sequence_parallel_size: ranks that share one sample (they must read the same shards).
+    """
+
+    def __init__(
+        self,
+        train_shards: str | list[str] | None = None,
+        val_shards: str | list[str] | None = None,
+        test_shards: str | list[str] | None = None,
+        processor_path: str = "",
+        num_frames: int = 64,
+        max_pixels_per_frame: int = 128 * 28 * 28,
+        batch_size: int = 4,
+        val_batch_size: int | None = None,
+        num_workers: int = 1,
+        shuffle_buffer: int = 256,
+        seed: int = 0,
+        sequence_parallel_size: int = 1,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.skipped = SkipCounter()
+        self._processor: Any = None
+
+    @property
+    def skipped_samples(self) -> int:
+        """Samples rejected so far (bad rows, missing members, undecodable videos)."""
+        return self.skipped.value
+
+    @property
+    def processor(self) -> Any:
+        if self._processor is None:
+            if not self.hparams.processor_path:
+                raise ValueError("data.processor_path is not set (it is normally linked to model.model_path)")
+            self._processor = AutoProcessor.from_pretrained(self.hparams.processor_path)
+        return self._processor
+
+    def _stream(self, spec: str | list[str] | None, name: str, *, train: bool) -> VideoQAStream:
+        if not spec:
+            raise ValueError(f"data.{name}_shards is not set")
+        shards = resolve_shards(spec)
+        rank, size = data_parallel_coordinates(self._trainer, self.hparams.sequence_parallel_size)
+        return VideoQAStream(
+            shards,
+            num_frames=self.hparams.num_frames,
+            max_pixels=self.hparams.max_pixels_per_frame,
+            data_parallel_rank=rank,
+            data_parallel_size=size,
+            shuffle=train,
+            shuffle_buffer=self.hparams.shuffle_buffer if train else 0,
+            seed=self.hparams.seed,
+            skipped=self.skipped,
+        )
+
+    def setup(self, stage: str) -> None:
+        # Resolve shard lists now so a missing path or an empty glob fails before any training.
+        self.datasets: dict[str, VideoQAStream] = {}
+        if stage == "fit":
+            self.datasets["train"] = self._stream(self.hparams.train_shards, "train", train=True)
+        if stage in ("fit", "validate") and self.hparams.val_shards:
+            self.datasets["val"] = self._stream(self.hparams.val_shards, "val", train=False)
+        elif stage == "validate":
+            raise ValueError("validate needs data.val_shards")
+        if stage == "test":
+            self.datasets["test"] = self._stream(self.hparams.test_shards, "test", train=False)
+
+    def _loader(self, split: str, batch_size: int, collator: VideoQACollator) -> EpochAwareDataLoader:
+        workers = self.hparams.num_workers
+        return EpochAwareDataLoader(
+            self.datasets[split],
+            epoch_fn=lambda: self.trainer.current_epoch if self._trainer is not None else 0,
+            batch_size=batch_size,
+            num_workers=workers,
+            collate_fn=collator,
+            # Decoding is the slow part: let each worker run a couple of batches ahead.
+            prefetch_factor=2 if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> EpochAwareDataLoader:
+        return self._loader("train", self.hparams.batch_size, VideoQACollator(self.processor))
+
+    def _eval_loader(self, split: str) -> EpochAwareDataLoader:
+        collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
+        return self._loader(split, self.hparams.val_batch_size or self.hparams.batch_size, collator)
+
+    def val_dataloader(self) -> EpochAwareDataLoader | list:
+        return self._eval_loader("val") if "val" in self.datasets else []
+
+    def test_dataloader(self) -> EpochAwareDataLoader:
+        return self._eval_loader("test")

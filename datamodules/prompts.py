@@ -1,0 +1,60 @@
+"""The chat prompt and the assistant target of a video QA row.
+
+The instruction follows the released LongVILA-R1 prompt: think inside ``<think>`` tags, then
+answer inside ``<answer>`` tags. The same text is used by CoT-SFT (prompt + target), by
+validation (prompt only, greedy) and by the RL rollouts, so a model is always asked the way
+it was trained.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datamodules.rows import OPTION_LETTERS, QARow
+
+THINK_INSTRUCTION = (
+    "Please first think deeply about the question based on the given video, and then provide the final "
+    "answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> "
+    "tags, respectively, i.e., <think> reasoning process here </think> <answer> {answer_hint} </answer>."
+)
+
+
+def _letters_hint(num_options: int) -> str:
+    letters = list(OPTION_LETTERS[:num_options])
+    listed = ", ".join(letters[:-1]) + f", or {letters[-1]}" if num_options > 1 else letters[0]
+    return f"the letter of your choice ({listed})"
+
+
+def question_text(row: QARow) -> str:
+    """The user's text: instruction, question and lettered options.
+
+    >>> from datamodules.rows import QARow
+    >>> row = QARow("q", "v.mp4", "Which colour?", "multiple choice", "", "B", None, ("red", "blue"))
+    >>> print(question_text(row).split("Question: ")[1])
+    Which colour?
+    A. red
+    B. blue
+    """
+    if row.is_multiple_choice and row.options:
+        hint = _letters_hint(len(row.options))
+        options = "\n".join(f"{OPTION_LETTERS[i]}. {text}" for i, text in enumerate(row.options))
+        question = f"{row.problem}\n{options}"
+    else:
+        hint = "your final answer"
+        question = row.problem
+    return f"{THINK_INSTRUCTION.format(answer_hint=hint)}\n\nQuestion: {question}"
+
+
+def chat_messages(row: QARow) -> list[dict[str, Any]]:
+    """One user turn holding the video then the question (the processor expands the video)."""
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question_text(row)}]}]
+
+
+def assistant_target(row: QARow) -> str:
+    """What CoT-SFT teaches the model to write: reasoning in ``<think>``, the answer in ``<answer>``.
+
+    >>> from datamodules.rows import QARow
+    >>> assistant_target(QARow("q", "v.mp4", "?", "multiple choice", "Red comes first.", "A"))
+    '<think>Red comes first.</think>\\n<answer>A</answer>'
+    """
+    return f"<think>{row.reasoning.strip()}</think>\n<answer>{row.answer}</answer>"

@@ -1,0 +1,203 @@
+"""WebDataset shards: writing ``<key>.mp4`` + ``<key>.json`` samples, resolving shard specs, the manifest.
+
+A shard set is a folder of plain tar files named ``{split}-{index:05d}.tar`` plus a
+``dataset.json`` manifest (split -> shard names and sample counts, and the configuration
+that generated them). Tars are written with a fixed mtime and owner, so the same samples
+give byte-identical shards, and each shard is written under a temporary name and renamed
+when complete, so an interrupted run never leaves a truncated shard that looks finished.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tarfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import webdataset as wds
+from braceexpand import braceexpand
+from tqdm import tqdm
+
+MANIFEST_NAME = "dataset.json"
+_GLOB_CHARS = frozenset("*?[")
+# Fixed tar metadata: reproducible bytes, and no leak of the writer's clock or user name.
+_TAR_MTIME = 0.0
+_TAR_OWNER = "lvrl"
+
+
+def shard_name(split: str, index: int) -> str:
+    """>>> shard_name("train", 3)
+    'train-00003.tar'
+    """
+    return f"{split}-{index:05d}.tar"
+
+
+def shard_brace_pattern(split: str, num_shards: int) -> str:
+    """The brace pattern naming shards ``0 .. num_shards-1`` of a split (what :func:`resolve_shards` expands).
+
+    >>> shard_brace_pattern("train", 8), shard_brace_pattern("val", 1)
+    ('train-{00000..00007}.tar', 'val-00000.tar')
+    """
+    if num_shards < 1:
+        raise ValueError("a split has at least one shard")
+    if num_shards == 1:
+        return shard_name(split, 0)
+    return f"{split}-{{{0:05d}..{num_shards - 1:05d}}}.tar"
+
+
+def _check_key(key: str, seen: set[str]) -> None:
+    # WebDataset splits a member name at its first dot into key and extension, so a dot in
+    # the key would silently break the sample into pieces.
+    if not key or "." in key:
+        raise ValueError(f"invalid sample key {key!r}: keys must be non-empty and contain no dot")
+    if key in seen:
+        raise ValueError(f"duplicate sample key {key!r}")
+    seen.add(key)
+
+
+def write_shards(
+    samples: Iterable[tuple[str, bytes, Mapping[str, Any]]],
+    out_dir: str | Path,
+    split: str,
+    *,
+    max_samples_per_shard: int = 256,
+    video_extension: str = "mp4",
+    total: int | None = None,
+    progress: bool = True,
+) -> list[str]:
+    """Write ``(key, video bytes, JSON row)`` samples into ``{out_dir}/{split}-{index:05d}.tar``.
+
+    Each sample becomes ``<key>.mp4`` (``video_extension``) and ``<key>.json`` in the tar.
+    A new shard starts every ``max_samples_per_shard`` samples; no samples, no shard.
+
+    Args:
+        samples: ``(key, video_bytes, row)``; keys must be unique and contain no dot.
+        out_dir: folder for the shards (created if missing).
+        split: shard name prefix, e.g. ``"train"``.
+        max_samples_per_shard: samples per tar file.
+        video_extension: extension of the video member (``mp4``, ``webm``, ``mkv``).
+        total: number of samples, for the progress bar only.
+        progress: show a tqdm progress bar over samples.
+
+    Returns:
+        The paths of the written shards, in order.
+    """
+    if max_samples_per_shard < 1:
+        raise ValueError(f"max_samples_per_shard={max_samples_per_shard} must be at least 1")
+    if not split or "/" in split or "." in split:
+        raise ValueError(f"invalid split name {split!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[str] = []
+    seen: set[str] = set()
+    writer: wds.TarWriter | None = None
+    partial_path = final_path = Path()
+    in_shard = 0
+
+    def finish_shard() -> None:
+        assert writer is not None
+        writer.close()
+        os.replace(partial_path, final_path)
+        paths.append(str(final_path))
+
+    try:
+        for key, video, row in tqdm(samples, total=total, desc=split, unit="sample", disable=not progress):
+            _check_key(key, seen)
+            if writer is None or in_shard >= max_samples_per_shard:
+                if writer is not None:
+                    finish_shard()
+                final_path = out / shard_name(split, len(paths))
+                partial_path = final_path.with_name(final_path.name + ".partial")
+                writer = wds.TarWriter(
+                    str(partial_path), user=_TAR_OWNER, group=_TAR_OWNER, mtime=_TAR_MTIME, encoder=False
+                )
+                in_shard = 0
+            # We encode ourselves (encoder=False): the JSON bytes are then exactly what we chose.
+            row_bytes = json.dumps(row, ensure_ascii=False).encode("utf-8")
+            writer.write({"__key__": key, video_extension: bytes(video), "json": row_bytes})
+            in_shard += 1
+        if writer is not None:
+            finish_shard()
+            writer = None
+    finally:
+        if writer is not None:  # an exception mid-shard: drop the incomplete file
+            writer.close()
+            partial_path.unlink(missing_ok=True)
+    return paths
+
+
+def count_samples(shard: str | Path) -> int:
+    """Samples in a tar shard, counted from its ``.json`` members (reads headers only)."""
+    with tarfile.open(shard) as tar:
+        return sum(1 for member in tar if member.name.endswith(".json"))
+
+
+def _is_url(spec: str) -> bool:
+    # WebDataset also reads "pipe:cmd" and remote URLs; their existence cannot be checked here.
+    return spec.startswith("pipe:") or "://" in spec
+
+
+def resolve_shards(spec: str | Sequence[str]) -> list[str]:
+    """Expand shard specs into an ordered list of existing shard paths.
+
+    A spec is a path, a brace pattern (``data/train-{00000..00003}.tar``), a glob
+    (``data/train-*.tar``; matches are sorted) or a list of those, expanded in order.
+    ``pipe:`` commands and URLs (``s3://...``) pass through unchecked.
+
+    Raises:
+        ValueError: the spec is empty.
+        FileNotFoundError: a path does not exist or a glob matches nothing; the message
+            names the offending path and the spec it came from.
+    """
+    specs = [spec] if isinstance(spec, str | os.PathLike) else list(spec)
+    specs = [str(s).strip() for s in specs]
+    if not specs or not all(specs):
+        raise ValueError(f"empty shard spec {spec!r}: give shard paths, a brace pattern or a glob")
+    shards: list[str] = []
+    for item in specs:
+        for expanded in braceexpand(item):
+            if _is_url(expanded):
+                shards.append(expanded)
+                continue
+            path = os.path.expanduser(expanded)
+            if _GLOB_CHARS & set(path):
+                matches = sorted(glob.glob(path))
+                if not matches:
+                    raise FileNotFoundError(f"no shard matches the glob {path!r} (from shard spec {item!r})")
+                shards.extend(matches)
+            elif os.path.isdir(path):
+                raise FileNotFoundError(
+                    f"shard spec {item!r} names the folder {path!r}; give shards, e.g. {path}/train-*.tar"
+                )
+            elif not os.path.exists(path):
+                raise FileNotFoundError(f"shard {path!r} does not exist (from shard spec {item!r})")
+            else:
+                shards.append(path)
+    return shards
+
+
+def write_manifest(
+    out_dir: str | Path, splits: Mapping[str, Sequence[str]], config: Mapping[str, Any], **info: Any
+) -> Path:
+    """Write ``{out_dir}/dataset.json``: per split its shard names (relative) and sample counts.
+
+    Args:
+        out_dir: the shard folder.
+        splits: split name -> shard paths (as returned by :func:`write_shards`).
+        config: the generation configuration, stored verbatim.
+        info: further top-level fields (e.g. ``generator``).
+    """
+    out = Path(out_dir)
+    manifest: dict[str, Any] = {**info, "config": dict(config), "splits": {}}
+    for split, paths in splits.items():
+        shards = [{"name": Path(p).name, "num_samples": count_samples(p)} for p in paths]
+        entry: dict[str, Any] = {"num_samples": sum(s["num_samples"] for s in shards), "shards": shards}
+        if shards:
+            entry["pattern"] = shard_brace_pattern(split, len(shards))
+        manifest["splits"][split] = entry
+    path = out / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return path

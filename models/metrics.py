@@ -1,0 +1,73 @@
+"""Multiple-choice evaluation metrics (torchmetrics, so they sync across data-parallel ranks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torchmetrics import Metric
+
+from datamodules.rows import CATEGORIES, OPTION_LETTERS
+
+UNCATEGORISED = "Other"
+
+
+class MultipleChoiceScores(Metric):
+    """Accuracy overall and per category, format rate, and the constant-letter baseline.
+
+    The baseline is the accuracy of always answering the most frequent key letter: an answer
+    key can be skewed (always "B" scores 44.1% on LongVideo-Reason's eval split), so a score
+    means little without it.
+    """
+
+    full_state_update = False
+
+    def __init__(self, categories: Sequence[str] = CATEGORIES, num_letters: int = len(OPTION_LETTERS)) -> None:
+        super().__init__()
+        self.categories = [*categories, UNCATEGORISED]
+        self.num_letters = num_letters
+        n = len(self.categories)
+        self.add_state("correct", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("well_formed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(  # type: ignore[override]
+        self, predicted: Sequence[str | None], answers: Sequence[str], categories: Sequence[str | None],
+        well_formed: Sequence[bool],
+    ) -> None:
+        for pred, answer, category, formed in zip(predicted, answers, categories, well_formed, strict=True):
+            index = self.categories.index(category) if category in self.categories else len(self.categories) - 1
+            self.total[index] += 1
+            self.correct[index] += int(pred is not None and pred == answer)
+            self.well_formed[index] += int(formed)
+            if answer in OPTION_LETTERS[: self.num_letters]:
+                self.key_letters[OPTION_LETTERS.index(answer)] += 1
+
+    def compute(self) -> dict[str, float]:  # type: ignore[override]
+        total = int(self.total.sum())
+        scores: dict[str, float] = {
+            "accuracy": float(self.correct.sum()) / max(total, 1),
+            "format_rate": float(self.well_formed.sum()) / max(total, 1),
+            "constant_letter_baseline": float(self.key_letters.max()) / max(total, 1),
+            "count": float(total),
+        }
+        for i, category in enumerate(self.categories):
+            if int(self.total[i]):
+                scores[f"accuracy/{category}"] = float(self.correct[i]) / int(self.total[i])
+                scores[f"count/{category}"] = float(self.total[i])
+        return scores
+
+
+def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -> str:
+    """A plain-text table of per-category accuracy, the overall score and the baseline."""
+    rows = [(k.split("/", 1)[1], v, int(scores.get(f"count/{k.split('/', 1)[1]}", 0)))
+            for k, v in scores.items() if k.startswith("accuracy/")]
+    width = max([len("category"), *(len(name) for name, _, _ in rows)])
+    lines = [title, f"{'category':<{width}}  {'n':>5}  accuracy", "-" * (width + 17)]
+    lines += [f"{name:<{width}}  {n:>5}  {acc:8.1%}" for name, acc, n in rows]
+    lines.append("-" * (width + 17))
+    lines.append(f"{'overall':<{width}}  {int(scores['count']):>5}  {scores['accuracy']:8.1%}")
+    lines.append(f"{'format rate':<{width}}  {'':>5}  {scores['format_rate']:8.1%}")
+    lines.append(f"{'constant letter':<{width}}  {'':>5}  {scores['constant_letter_baseline']:8.1%}")
+    return "\n".join(lines)

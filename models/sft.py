@@ -1,0 +1,26 @@
+"""CoT-SFT: teach the model to write ``<think>reasoning</think><answer>X</answer>`` for a video question."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from models.vlm_module import VLMModule
+
+
+class SFTModule(VLMModule):
+    """Supervised fine-tuning on reasoning + answer; the loss covers only the assistant tokens.
+
+    The collator sets ``labels`` to -100 on the prompt (system, question, video) and padding,
+    so the token-mean cross-entropy is over the chain of thought, the answer and the
+    end-of-turn token. Arguments are those of :class:`~models.vlm_module.VLMModule`.
+    """
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss = self.token_mean_loss(batch)
+        batch_size = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        self.log("train/target_tokens", (batch["labels"] != -100).sum().float(), batch_size=batch_size)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, batch_size=batch_size)
+        return loss

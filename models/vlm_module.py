@@ -1,0 +1,200 @@
+"""What every lvrl training stage shares: the wrapped HF VLM, its optimizer, evaluation, export.
+
+Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for all stages:
+greedy generation on the validation split, the answer letter parsed tolerantly, accuracy per
+category logged through :class:`~models.metrics.MultipleChoiceScores`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from models.loading import load_model, load_processor
+from models.metrics import MultipleChoiceScores, format_accuracy_table
+from rewards.parsing import follows_format, response_choice
+
+VIDEO_INPUT_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision encoder of a HF VLM (``model.model.visual`` for the Qwen-VL families)."""
+    inner = getattr(model, "model", model)
+    tower = getattr(inner, "visual", None)
+    if tower is None:
+        raise AttributeError(f"cannot find the vision tower of {type(model).__name__}")
+    return tower
+
+
+class VLMModule(L.LightningModule):
+    """Base LightningModule around a Hugging Face vision-language model directory.
+
+    Args:
+        model_path: a model directory (``save_pretrained`` layout: config, weights, processor).
+        learning_rate: peak AdamW learning rate.
+        weight_decay: AdamW weight decay.
+        betas: AdamW betas.
+        warmup_steps: linear warm-up steps from 0 to ``learning_rate``.
+        lr_schedule: ``constant`` after warm-up, or ``cosine`` decay to 10% over ``trainer.max_steps``.
+        freeze_vision: keep the vision tower's weights fixed.
+        gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
+        max_new_tokens: generation budget of a validation answer.
+        dtype: parameter dtype: float32 or bfloat16.
+        attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``); None = HF default.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        learning_rate: float = 1e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.95),
+        warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        freeze_vision: bool = False,
+        gradient_checkpointing: bool = False,
+        max_new_tokens: int = 256,
+        dtype: str = "float32",
+        attn_implementation: str | None = None,
+    ) -> None:
+        super().__init__()
+        if lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        self.save_hyperparameters()
+        self.model: torch.nn.Module | None = None
+        self.val_scores = MultipleChoiceScores()
+        self._processor: Any = None
+        self.last_val_scores: dict[str, float] = {}
+        self.sample_completions: list[dict[str, Any]] = []
+
+    # -- model -------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.model = load_model(
+            self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype),
+            attn_implementation=self.hparams.attn_implementation,
+        )
+        if self.hparams.freeze_vision:
+            vision_tower(self.model).requires_grad_(False)
+        if self.hparams.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    @property
+    def processor(self) -> Any:
+        if self._processor is None:
+            self._processor = load_processor(self.hparams.model_path)
+        return self._processor
+
+    def forward_logits(self, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
+        """Logits of the teacher-forcing layout (``prefix='prompt_'`` for the prompt-only layout)."""
+        assert self.model is not None
+        out = self.model(
+            input_ids=batch[f"{prefix}input_ids"],
+            attention_mask=batch[f"{prefix}attention_mask"],
+            mm_token_type_ids=batch[f"{prefix}mm_token_type_ids"],
+            use_cache=False,
+            **{k: batch[k] for k in VIDEO_INPUT_KEYS},
+        )
+        return out.logits
+
+    # -- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self) -> Any:
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas),
+            weight_decay=self.hparams.weight_decay,
+        )
+        warmup = max(0, self.hparams.warmup_steps)
+        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
+        cosine = self.hparams.lr_schedule == "cosine"
+        if cosine and total is None:
+            raise ValueError("lr_schedule='cosine' needs trainer.max_steps")
+
+        def scale(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if not cosine:
+                return 1.0
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scale)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_answers(self, batch: dict[str, Any], max_new_tokens: int | None = None) -> list[str]:
+        """Greedy completions for the prompt-only layout of a batch."""
+        assert self.model is not None
+        tokenizer = self.processor.tokenizer
+        prompt_ids = batch["prompt_input_ids"]
+        generated = self.model.generate(
+            input_ids=prompt_ids,
+            attention_mask=batch["prompt_attention_mask"],
+            mm_token_type_ids=batch["prompt_mm_token_type_ids"],
+            max_new_tokens=max_new_tokens or self.hparams.max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            **{k: batch[k] for k in VIDEO_INPUT_KEYS},
+        )
+        return tokenizer.batch_decode(generated[:, prompt_ids.shape[1]:], skip_special_tokens=True)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        completions = self.generate_answers(batch)
+        meta = batch["meta"]
+        predicted = [
+            response_choice(text, len(m["options"]) or 4, m["options"]) for text, m in zip(completions, meta, strict=True)
+        ]
+        self.val_scores.update(
+            predicted, [m["answer"] for m in meta], [m["category"] for m in meta],
+            [follows_format(text) for text in completions],
+        )
+        if batch_idx == 0:
+            self.sample_completions = [
+                {"key": m["key"], "answer": m["answer"], "predicted": p, "completion": c}
+                for m, p, c in zip(meta, predicted, completions, strict=True)
+            ]
+        if "labels" in batch:
+            self.log("val/loss", self.token_mean_loss(batch), batch_size=len(meta), sync_dist=True)
+
+    def token_mean_loss(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens."""
+        logits = self.forward_logits(batch)[:, :-1].float()
+        labels = batch["labels"][:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+    def on_validation_epoch_end(self) -> None:
+        scores = self.val_scores.compute()
+        self.val_scores.reset()
+        self.last_val_scores = scores
+        for name, value in scores.items():
+            if not name.startswith("count"):
+                self.log(f"val/{name}", value, sync_dist=False)
+        if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
+            rank_zero_info("\n" + format_accuracy_table(scores, title=f"Validation of {self.hparams.model_path}"))
+            for sample in self.sample_completions[:2]:
+                rank_zero_info(f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
+                               f"{sample['completion']!r}")
+
+    # -- export ------------------------------------------------------------------------------
+    def export_hf(self, out_dir: str | Path) -> Path:
+        """Write the current weights as a ``save_pretrained`` directory with the processor files."""
+        assert self.model is not None
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out)
+        self.processor.save_pretrained(out)
+        return out
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Enough to rebuild the HF model from a checkpoint alone (see `lvrl model export`).
+        checkpoint["lvrl"] = {"model_path": str(self.hparams.model_path), "module": type(self).__name__}

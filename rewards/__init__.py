@@ -1,0 +1,1 @@
+"""Pure reward functions and the parsing they share (answer extraction, choice letters)."""

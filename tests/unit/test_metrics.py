@@ -1,0 +1,23 @@
+"""Multiple-choice scores: accuracy per category, format rate, constant-letter baseline."""
+
+import pytest
+
+from models.metrics import MultipleChoiceScores, format_accuracy_table
+
+
+def test_scores_match_hand_counts():
+    metric = MultipleChoiceScores()
+    metric.update(["A", "B", None, "C"], ["A", "C", "B", "C"], ["Temporal", "Temporal", "Plot", "Spatial"],
+                  [True, True, False, True])
+    metric.update(["B"], ["B"], [None], [False])
+    scores = metric.compute()
+    assert scores["accuracy"] == pytest.approx(3 / 5)
+    assert scores["accuracy/Temporal"] == pytest.approx(1 / 2)
+    assert scores["accuracy/Plot"] == 0.0 and scores["accuracy/Spatial"] == 1.0
+    assert scores["accuracy/Other"] == 1.0
+    assert scores["format_rate"] == pytest.approx(3 / 5)
+    # Key letters: A, C, B, C, B -> the best constant letter (B or C) scores 2/5.
+    assert scores["constant_letter_baseline"] == pytest.approx(2 / 5)
+    assert "accuracy/Goal and Purpose" not in scores
+    table = format_accuracy_table(scores)
+    assert "Temporal" in table and "60.0%" in table and "constant letter" in table

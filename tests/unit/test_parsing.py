@@ -1,0 +1,50 @@
+"""Answer extraction and tolerant choice parsing (rewards/parsing.py)."""
+
+import pytest
+
+from rewards.parsing import extract_answer, follows_format, parse_choice, response_choice
+
+
+@pytest.mark.parametrize(
+    "text", ["B", "B.", "(B)", "[B]", "B)", "B: blue", "B) blue", "B. blue", "Option B", "option (B)",
+             "The answer is B", "answer: b", " **B** "],
+)
+def test_common_letter_forms_are_accepted(text):
+    assert parse_choice(text) == "B"
+
+
+@pytest.mark.parametrize("text", ["", "A or B", "A and B", "Option A, option B", "E", "(E)", "none", "AB", "blue"])
+def test_ambiguous_or_invalid_answers_are_rejected(text):
+    assert parse_choice(text) is None
+
+
+def test_letters_beyond_the_option_count_are_rejected():
+    assert parse_choice("D", num_options=3) is None
+    assert parse_choice("C", num_options=3) == "C"
+
+
+def test_option_text_counts_only_when_unique():
+    assert parse_choice("Blue.", options=["red", "blue", "green", "pink"]) == "B"
+    assert parse_choice("blue", options=["blue", "blue", "green", "pink"]) is None
+
+
+@pytest.mark.parametrize(
+    ("response", "choice", "formatted"),
+    [
+        ("<think>red then blue</think>\n<answer>B</answer>", "B", True),
+        ("<think>x</think> <answer>(C)</answer>", "C", True),
+        ("<answer>B</answer>", "B", False),
+        ("<think>x</think><answer>A</answer><answer>B</answer>", None, False),
+        ("<think>x<think>y</think></think><answer>B</answer>", "B", False),
+        ("no tags at all B", None, False),
+        ("<think>日本語 ✓</think><answer>D</answer>", "D", True),
+        ("<think>x</think><answer></answer>", None, True),
+    ],
+)
+def test_response_parsing(response, choice, formatted):
+    assert response_choice(response) == choice
+    assert follows_format(response) is formatted
+
+
+def test_extract_answer_strips_whitespace():
+    assert extract_answer("<answer>\n B \n</answer>") == "B"
