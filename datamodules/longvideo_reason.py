@@ -12,22 +12,25 @@ from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
 
 
-def data_parallel_coordinates(trainer: L.Trainer | None, sequence_parallel_size: int) -> tuple[int, int]:
-    """``(data_parallel_rank, data_parallel_size)`` of this process.
+def data_parallel_coordinates(global_rank: int, world_size: int, sequence_parallel_size: int) -> tuple[int, int]:
+    """``(data_parallel_rank, data_parallel_size)`` when consecutive ranks form sequence-parallel groups.
 
-    A strategy that owns a device mesh says so itself (``data_parallel_rank``/``_size``
-    attributes); otherwise consecutive global ranks form a sequence-parallel group and share
-    one data-parallel rank.
+    >>> [data_parallel_coordinates(r, 4, 2) for r in range(4)]
+    [(0, 2), (0, 2), (1, 2), (1, 2)]
     """
+    if sequence_parallel_size < 1 or world_size % sequence_parallel_size:
+        raise ValueError(f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}")
+    return global_rank // sequence_parallel_size, world_size // sequence_parallel_size
+
+
+def trainer_data_parallel_coordinates(trainer: L.Trainer | None, sequence_parallel_size: int) -> tuple[int, int]:
+    """This process's data-parallel coordinates: from the strategy's device mesh when it has one."""
     if trainer is None:
         return 0, 1
     strategy = trainer.strategy
     if hasattr(strategy, "data_parallel_rank") and hasattr(strategy, "data_parallel_size"):
         return int(strategy.data_parallel_rank), int(strategy.data_parallel_size)
-    world_size = trainer.world_size
-    if world_size % sequence_parallel_size:
-        raise ValueError(f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}")
-    return trainer.global_rank // sequence_parallel_size, world_size // sequence_parallel_size
+    return data_parallel_coordinates(trainer.global_rank, trainer.world_size, sequence_parallel_size)
 
 
 class LongVideoReasonDataModule(L.LightningDataModule):
@@ -87,7 +90,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         if not spec:
             raise ValueError(f"data.{name}_shards is not set")
         shards = resolve_shards(spec)
-        rank, size = data_parallel_coordinates(self._trainer, self.hparams.sequence_parallel_size)
+        rank, size = trainer_data_parallel_coordinates(self._trainer, self.hparams.sequence_parallel_size)
         return VideoQAStream(
             shards,
             num_frames=self.hparams.num_frames,

@@ -195,7 +195,7 @@ def write_manifest(
     for split, paths in splits.items():
         shards = [{"name": Path(p).name, "num_samples": count_samples(p)} for p in paths]
         entry: dict[str, Any] = {"num_samples": sum(s["num_samples"] for s in shards), "shards": shards}
-        if shards:
+        if shards and [s["name"] for s in shards] == [shard_name(split, i) for i in range(len(shards))]:
             entry["pattern"] = shard_brace_pattern(split, len(shards))
         manifest["splits"][split] = entry
     path = out / MANIFEST_NAME

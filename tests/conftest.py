@@ -1,0 +1,48 @@
+"""Shared fixtures: a small synthetic dataset in shards and a tiny model directory, built once per session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Tests never talk to wandb.ai, and the in-process vLLM engine starts in seconds.
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; this machine has none")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """24 train samples in 6 shards of 4, 8 val samples in 2 shards; 20 frames of 56x56 at 2 fps."""
+    from datamodules.shards import write_shards
+    from datamodules.synthetic import SynthConfig, encoded_samples
+
+    out = tmp_path_factory.mktemp("synth")
+    config = SynthConfig(num_frames=20, fps=2.0, size=56, seed=7)
+    for split, count in (("train", 24), ("val", 8)):
+        write_shards(encoded_samples(config, split, count), out, split, max_samples_per_shard=4, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from models.build import build_model_dir
+
+    return build_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
