@@ -8,20 +8,24 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from app.commands import data as data_commands
-from app.commands import model as model_commands
-
-TOOL_GROUPS = {"data": data_commands, "model": model_commands}
+# Tool groups and the modules that implement them, imported only when used (start-up stays fast).
+TOOL_GROUPS = {"data": "app.commands.data", "model": "app.commands.model"}
 
 
 def run_tool(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="lvrl", description="lvrl data and model tools")
     groups = parser.add_subparsers(dest="group", required=True)
-    for name, module in TOOL_GROUPS.items():
-        module.register(groups.add_parser(name, help=module.__doc__.splitlines()[0] if module.__doc__ else None))
+    for name, module_name in TOOL_GROUPS.items():
+        if name != argv[0]:
+            groups.add_parser(name)
+            continue
+        module = importlib.import_module(module_name)
+        summary = module.__doc__.splitlines()[0] if module.__doc__ else None
+        module.register(groups.add_parser(name, help=summary, description=summary))
     args = parser.parse_args(list(argv))
     args.run(args)
 

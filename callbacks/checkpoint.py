@@ -31,3 +31,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
         self._use_run_folder(trainer)
         return super()._find_last_checkpoints(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Training that stops on max_steps inside a (streaming, endless) epoch would otherwise end
+        # without a last.ckpt unless the step count happened to hit `every_n_train_steps`.
+        if self.save_last and trainer.global_step != self._last_global_step_saved:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        super().on_train_end(trainer, pl_module)

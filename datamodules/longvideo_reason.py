@@ -90,7 +90,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         if not spec:
             raise ValueError(f"data.{name}_shards is not set")
         shards = resolve_shards(spec)
-        rank, size = trainer_data_parallel_coordinates(self._trainer, self.hparams.sequence_parallel_size)
+        rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
         return VideoQAStream(
             shards,
             num_frames=self.hparams.num_frames,
@@ -119,7 +119,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         workers = self.hparams.num_workers
         return EpochAwareDataLoader(
             self.datasets[split],
-            epoch_fn=lambda: self.trainer.current_epoch if self._trainer is not None else 0,
+            epoch_fn=lambda: self.trainer.current_epoch if self.trainer is not None else 0,
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=collator,

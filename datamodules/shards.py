@@ -29,7 +29,9 @@ _TAR_OWNER = "lvrl"
 
 
 def shard_name(split: str, index: int) -> str:
-    """>>> shard_name("train", 3)
+    """File name of shard ``index`` of a split.
+
+    >>> shard_name("train", 3)
     'train-00003.tar'
     """
     return f"{split}-{index:05d}.tar"
@@ -140,7 +142,7 @@ def _is_url(spec: str) -> bool:
     return spec.startswith("pipe:") or "://" in spec
 
 
-def resolve_shards(spec: str | Sequence[str]) -> list[str]:
+def resolve_shards(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
     """Expand shard specs into an ordered list of existing shard paths.
 
     A spec is a path, a brace pattern (``data/train-{00000..00003}.tar``), a glob

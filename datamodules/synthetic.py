@@ -109,7 +109,9 @@ class SynthConfig:
         if self.max_scenes < self.min_scenes:
             raise ValueError(f"max_scenes={self.max_scenes} is below min_scenes={self.min_scenes}")
         if self.max_scenes > len(PALETTE):
-            raise ValueError(f"max_scenes={self.max_scenes}: scenes need distinct colours, only {len(PALETTE)}")
+            raise ValueError(
+                f"max_scenes={self.max_scenes}: scenes need distinct colours, only {len(PALETTE)}"
+            )
         if self.max_scenes - self.min_scenes >= NUM_OPTIONS:
             raise ValueError(
                 f"scene counts {self.min_scenes}..{self.max_scenes} do not fit the {NUM_OPTIONS} options of "
@@ -118,8 +120,8 @@ class SynthConfig:
         needed = self.max_scenes * self.min_scene_frames
         if self.num_frames < needed:
             raise ValueError(
-                f"num_frames={self.num_frames} is too few for max_scenes={self.max_scenes}: every scene needs "
-                f"at least {self.min_scene_frames} frames, so at least {needed} frames"
+                f"num_frames={self.num_frames} is too few for max_scenes={self.max_scenes}: every scene "
+                f"needs at least {self.min_scene_frames} frames, so at least {needed} frames"
             )
         if self.seed < 0:
             raise ValueError(f"seed={self.seed} must be non-negative")
@@ -127,8 +129,8 @@ class SynthConfig:
             raise ValueError("jitter_px must be >= 0 and noise in [0, 32]")
         if not 0 < self.square_side + 2 * self.jitter_px <= self.size // 2:
             raise ValueError(
-                f"square_fraction={self.square_fraction} with jitter_px={self.jitter_px}: the square must fit "
-                "inside its quadrant"
+                f"square_fraction={self.square_fraction} with jitter_px={self.jitter_px}: the square must "
+                "fit inside its quadrant"
             )
 
     @property
@@ -213,7 +215,9 @@ def format_timestamp(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-def sample_rngs(config: SynthConfig, split: str, index: int) -> tuple[np.random.Generator, np.random.Generator]:
+def sample_rngs(
+    config: SynthConfig, split: str, index: int
+) -> tuple[np.random.Generator, np.random.Generator]:
     """Independent generators for the plan (scenes, question) and for rendering (jitter, noise).
 
     Both derive from ``default_rng((seed, split_index, index))``; splitting them lets rows be
@@ -242,7 +246,9 @@ def plan_scenes(config: SynthConfig, rng: np.random.Generator) -> list[Scene]:
     for length, color, position in zip(lengths, colors, positions, strict=True):
         end = start + int(length)
         scenes.append(
-            Scene(start, end, start / config.fps, end / config.fps, names[int(color)], QUADRANTS[int(position)])
+            Scene(
+                start, end, start / config.fps, end / config.fps, names[int(color)], QUADRANTS[int(position)]
+            )
         )
         start = end
     return scenes
@@ -293,7 +299,11 @@ def make_question(
     if category == "Plot":
         options = config.plot_options
         return Question(
-            category, PLOT_QUESTION, options, options.index(str(len(scenes))), f"The video shows {len(scenes)} scenes."
+            category,
+            PLOT_QUESTION,
+            options,
+            options.index(str(len(scenes))),
+            f"The video shows {len(scenes)} scenes.",
         )
     raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
 
@@ -301,14 +311,15 @@ def make_question(
 def reasoning_text(scenes: Sequence[Scene], question: Question) -> str:
     """One sentence per scene with its time span, then the question's conclusion."""
     described = [
-        f"{format_timestamp(s.start_s)}-{format_timestamp(s.end_s)} {s.color} background, square {s.position}."
+        f"{format_timestamp(s.start_s)}-{format_timestamp(s.end_s)} "
+        f"{s.color} background, square {s.position}."
         for s in scenes
     ]
     return " ".join([*described, question.conclusion])
 
 
 def render_scenes(scenes: Sequence[Scene], config: SynthConfig, rng: np.random.Generator) -> np.ndarray:
-    """Frames ``(num_frames, size, size, 3)`` uint8 RGB: coloured backgrounds with a jittering white square."""
+    """Frames ``(num_frames, size, size, 3)`` uint8 RGB: coloured backgrounds, a jittering white square."""
     size, side = config.size, config.square_side
     frames = np.empty((config.num_frames, size, size, 3), dtype=np.int16)
     offsets = rng.integers(-config.jitter_px, config.jitter_px + 1, size=(config.num_frames, 2))

@@ -103,6 +103,9 @@ def encode_mp4(frames: np.ndarray, fps: float, codec: str = "libx264") -> bytes:
         stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
+        # One encoder thread: with several, libx264 output bytes vary from run to run, and the
+        # synthetic shards must be byte-identical for a given seed.
+        stream.codec_context.thread_count = 1
         if codec == "libx264":
             # Near-lossless and fast: the synthetic task's colours must survive compression.
             stream.options = {"crf": "10", "preset": "veryfast"}

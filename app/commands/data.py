@@ -43,26 +43,39 @@ def register(parser: argparse.ArgumentParser) -> None:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    synth.add_argument("--out", type=Path, required=True, help="output folder for the shards and dataset.json")
+    synth.add_argument(
+        "--out", type=Path, required=True, help="output folder for the shards and dataset.json"
+    )
     synth.add_argument("--num-train", type=_non_negative_int, default=2000, help="training samples (0: skip)")
     synth.add_argument("--num-val", type=_non_negative_int, default=200, help="validation samples (0: skip)")
     synth.add_argument("--num-test", type=_non_negative_int, default=200, help="test samples (0: skip)")
     synth.add_argument("--frames", type=_positive_int, default=defaults.num_frames, help="frames per video")
     synth.add_argument("--fps", type=float, default=defaults.fps, help="frame rate of the videos")
     synth.add_argument(
-        "--size", type=_positive_int, default=defaults.size, help="side of the square frames in pixels (even, >= 28)"
+        "--size",
+        type=_positive_int,
+        default=defaults.size,
+        help="side of the square frames in pixels (even, >= 28)",
     )
-    synth.add_argument("--min-scenes", type=_positive_int, default=defaults.min_scenes, help="fewest scenes per video")
     synth.add_argument(
-        "--max-scenes", type=_positive_int, default=defaults.max_scenes, help="most scenes per video (<= min + 3)"
+        "--min-scenes", type=_positive_int, default=defaults.min_scenes, help="fewest scenes per video"
     )
-    synth.add_argument("--noise", type=_non_negative_int, default=defaults.noise, help="per-pixel noise amplitude")
+    synth.add_argument(
+        "--max-scenes",
+        type=_positive_int,
+        default=defaults.max_scenes,
+        help="most scenes per video (<= min + 3)",
+    )
+    synth.add_argument(
+        "--noise", type=_non_negative_int, default=defaults.noise, help="per-pixel noise amplitude"
+    )
     synth.add_argument("--seed", type=_non_negative_int, default=defaults.seed, help="base random seed")
+    synth.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     synth.add_argument(
-        "--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard"
-    )
-    synth.add_argument(
-        "--workers", type=_positive_int, default=1, help="processes rendering and encoding videos (output is the same)"
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="processes rendering and encoding videos (output is the same)",
     )
     synth.add_argument(
         "--overwrite", action="store_true", help="replace shards and dataset.json already in --out"
@@ -105,21 +118,20 @@ def run_synth(args: argparse.Namespace) -> None:
     written: dict[str, list[str]] = {}
     for split in SPLITS:
         count = counts[split]
+        if count == 0:
+            written[split] = []
+            print(f"{split}: skipped (0 samples)")
+            continue
         start = time.perf_counter()
         samples = encoded_samples(config, split, count, workers=args.workers)
         written[split] = write_shards(
             samples, out, split, max_samples_per_shard=args.samples_per_shard, total=count
         )
         seconds = time.perf_counter() - start
-        if not written[split]:
-            print(f"{split}: skipped (0 samples)")
-            continue
         megabytes = sum(Path(p).stat().st_size for p in written[split]) / 1e6
         pattern = out / shard_brace_pattern(split, len(written[split]))
         num_shards = len(written[split])
-        print(
-            f"{split}: {count} samples in {num_shards} shard{'s' if num_shards > 1 else ''}, {megabytes:.1f} MB, "
-            f"{seconds:.1f} s -> {pattern}"
-        )
+        shards = f"{num_shards} shard{'s' if num_shards > 1 else ''}"
+        print(f"{split}: {count} samples in {shards}, {megabytes:.1f} MB, {seconds:.1f} s -> {pattern}")
     manifest = write_manifest(out, written, config.to_json(), generator="lvrl data synth")
     print(f"manifest: {manifest}")

@@ -1,0 +1,74 @@
+"""Build model directories offline: a Qwen2.5-VL preset with random weights and a locally trained tokenizer.
+
+``lvrl model build --preset tiny --out runs/models/tiny`` writes config, seeded weights,
+tokenizer, chat template and processor; the directory loads in transformers and in vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+# Stale weight files of an earlier build would be picked up next to (or instead of) ours.
+_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    """Add the ``model`` sub-commands to ``parser``."""
+    from models.build import PRESETS  # light: no torch model is built at registration
+
+    commands = parser.add_subparsers(dest="model_command", required=True)
+    presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
+    build = commands.add_parser(
+        "build",
+        help="build a Qwen2.5-VL model directory from a preset (random weights, local tokenizer)",
+        description=(
+            "Build a Qwen2.5-VL model directory offline: config, random float32 weights drawn from --seed, a "
+            "byte-level BPE tokenizer trained on a built-in corpus (plus --corpus files), the chat template "
+            f"and the image/video processors. Presets: {presets}."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    build.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model size")
+    build.add_argument("--out", type=Path, required=True, help="output directory")
+    build.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    build.add_argument(
+        "--corpus",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="extra tokenizer training texts: .txt, .jsonl rows or WebDataset .tar shards "
+        "(the problem/options/reasoning fields of their .json rows)",
+    )
+    build.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty --out (files of the same names and old weight files are replaced)",
+    )
+    build.set_defaults(run=run_build)
+
+
+def run_build(args: argparse.Namespace) -> None:
+    """Handler of ``lvrl model build``."""
+    from models.build import build_model, count_parameters, save_model_dir
+
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"error: --out {out} is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not args.force:
+            raise SystemExit(f"error: --out {out} is not empty; pass --force to overwrite it")
+        for pattern in _WEIGHT_PATTERNS:
+            for stale in out.glob(pattern):
+                stale.unlink()
+    start = time.perf_counter()
+    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus)
+    save_model_dir(model, processor, out)
+    counts = count_parameters(model)
+    print(
+        f"built {args.preset} Qwen2.5-VL in {out} ({time.perf_counter() - start:.1f} s): "
+        f"parameters text {counts['text']:,} / vision {counts['vision']:,} / total {counts['total']:,}; "
+        f"tokenizer {len(processor.tokenizer):,} tokens, model vocab {model.config.text_config.vocab_size:,}"
+    )

@@ -1,0 +1,1 @@
+"""Models: building and loading VLM directories, the SFT and GRPO LightningModules, metrics."""

