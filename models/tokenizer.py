@@ -6,7 +6,7 @@ copies what matters of Qwen2's tokenizer so that code written against the real c
 works unchanged on ours:
 
 - the same normalizer (NFC), pre-tokenizer (Qwen2's split regex, then byte-level without
-  prefix space) and byte-level decoder, so every unicode string round-trips;
+  prefix space) and byte-level decoder, so every unicode string round-trips (up to NFC);
 - Qwen2.5-VL's special tokens with their exact spellings (ids differ: they come first here);
 - ``eos_token = <|im_end|>`` and ``pad_token = <|endoftext|>``, as in the Instruct checkpoints;
 - a chat template that renders the same text as Qwen2.5-VL's for system/user/assistant turns
@@ -20,7 +20,6 @@ each becomes one id, which shortens every CoT target, and they survive
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -51,7 +50,8 @@ DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
 # single digits, punctuation runs, newlines, whitespace. Single digits matter for timestamps:
 # "01:23" is always five tokens, so numbers never fuse into arbitrary merges.
 _PRETOKENIZE_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 # Renders the same text as Qwen2.5-VL-Instruct's template (written from its documented output):
@@ -136,8 +136,8 @@ def default_corpus() -> list[str]:
             f"Which background color comes right after the {color} scene? The {color} scene is followed "
             f"by the {after} scene. Where is the white square while the background is {color}? While the "
             f"background is {color}, the square is {position}. In which corner does it finish? In the last "
-            f"scene the square is {position}. How many scenes does the video show? The video shows {i % 5 + 1} "
-            f"scenes.\nA. {color}\nB. {after}\nC. {position}\nD. {i}\n"
+            f"scene the square is {position}. How many scenes does the video show? The video shows "
+            f"{i % 5 + 1} scenes.\nA. {color}\nB. {after}\nC. {position}\nD. {i}\n"
             f"<think>The {color} square is in the {position}.</think>\n<answer>{'ABCD'[i % 4]}</answer>"
         )
     return texts
@@ -154,7 +154,9 @@ def train_tokenizer(
     """
     tags = [AddedToken(tag, special=False, normalized=False) for tag in REASONING_TAGS]
     if vocab_size < len(SPECIAL_TOKENS) + len(tags) + 256:
-        raise ValueError(f"vocab_size {vocab_size} cannot hold the 256 bytes plus the special tokens and tags")
+        raise ValueError(
+            f"vocab_size {vocab_size} cannot hold the 256 bytes plus the special tokens and tags"
+        )
     backend = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -200,14 +202,9 @@ def wrap_tokenizer(backend: Tokenizer) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def special_token_ids(tokenizer: PreTrainedTokenizerFast, tokens: Sequence[str] = SPECIAL_TOKENS) -> dict[str, int]:
+def special_token_ids(
+    tokenizer: PreTrainedTokenizerFast, tokens: Sequence[str] = SPECIAL_TOKENS
+) -> dict[str, int]:
     """Map each of ``tokens`` to its id, failing loudly if one is missing or not a single id."""
     ids: dict[str, int] = {}
     for token in tokens:

@@ -82,6 +82,9 @@ class VLMModule(L.LightningModule):
             self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype),
             attn_implementation=self.hparams.attn_implementation,
         )
+        # from_pretrained returns the model in eval mode; Lightning keeps submodule modes as it finds
+        # them, and HF disables gradient checkpointing outside train mode.
+        self.model.train()
         if self.hparams.freeze_vision:
             vision_tower(self.model).requires_grad_(False)
         if self.hparams.gradient_checkpointing:

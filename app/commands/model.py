@@ -11,7 +11,12 @@ import time
 from pathlib import Path
 
 # Stale weight files of an earlier build would be picked up next to (or instead of) ours.
-_WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+_WEIGHT_PATTERNS = (
+    "*.safetensors",
+    "*.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model*.bin.index.json",
+)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -56,10 +61,16 @@ def run_build(args: argparse.Namespace) -> None:
 
     out: Path = args.out
     if out.exists() and not out.is_dir():
-        raise SystemExit(f"error: --out {out} is a file, not a directory")
+        raise SystemExit(f"lvrl model build: error: --out {out} is a file, not a directory")
+    for corpus in args.corpus:
+        if not corpus.is_file():
+            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
     if out.is_dir() and any(out.iterdir()):
         if not args.force:
-            raise SystemExit(f"error: --out {out} is not empty; pass --force to overwrite it")
+            raise SystemExit(
+                f"lvrl model build: error: --out {out} is not empty; pass --force to overwrite it or choose "
+                "another --out"
+            )
         for pattern in _WEIGHT_PATTERNS:
             for stale in out.glob(pattern):
                 stale.unlink()
