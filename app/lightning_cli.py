@@ -19,8 +19,8 @@ def _substitute(value: Any, token: str, replacement: str) -> Any:
     if isinstance(value, str):
         return value.replace(token, replacement)
     if isinstance(value, Namespace):
-        for key in value.keys():
-            value[key] = _substitute(value[key], token, replacement)
+        for key, item in vars(value).items():  # direct children only; recursion handles nesting
+            setattr(value, key, _substitute(item, token, replacement))
         return value
     if isinstance(value, dict):
         return {k: _substitute(v, token, replacement) for k, v in value.items()}

@@ -17,8 +17,9 @@ class SkippedSamplesMonitor(Callback):
         datamodule = trainer.datamodule
         skipped = getattr(datamodule, "skipped_samples", None)
         if skipped is not None:
-            pl_module.log("data/skipped_samples", float(skipped), reduce_fx="sum", sync_dist=True,
-                          batch_size=1)
+            pl_module.log(
+                "data/skipped_samples", float(skipped), reduce_fx="sum", sync_dist=True, batch_size=1
+            )
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         skipped = getattr(trainer.datamodule, "skipped_samples", None)

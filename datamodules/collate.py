@@ -60,7 +60,9 @@ class VideoQACollator:
     for batched generation (``prompt_*`` keys).
     """
 
-    def __init__(self, processor: Any, *, with_targets: bool = True, with_generation_prompts: bool = False) -> None:
+    def __init__(
+        self, processor: Any, *, with_targets: bool = True, with_generation_prompts: bool = False
+    ) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.with_targets = with_targets
@@ -118,7 +120,8 @@ class VideoQACollator:
             targets = [self.encode_target(s) for s in samples]
             full = [torch.cat([p, t]) for p, t in zip(prompts, targets, strict=True)]
             labels = [
-                torch.cat([torch.full_like(p, IGNORE_INDEX), t]) for p, t in zip(prompts, targets, strict=True)
+                torch.cat([torch.full_like(p, IGNORE_INDEX), t])
+                for p, t in zip(prompts, targets, strict=True)
             ]
             batch["input_ids"] = _pad(full, self.pad_id, "right")
             batch["attention_mask"] = _pad([torch.ones_like(f) for f in full], 0, "right")

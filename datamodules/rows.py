@@ -19,7 +19,15 @@ MULTIPLE_CHOICE = "multiple choice"
 
 _ANSWER_TAG = re.compile(r"^\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 _KNOWN_FIELDS = {
-    "problem_id", "data_type", "videos", "problem", "problem_type", "reasoning", "answer", "category", "options",
+    "problem_id",
+    "data_type",
+    "videos",
+    "problem",
+    "problem_type",
+    "reasoning",
+    "answer",
+    "category",
+    "options",
 }
 
 
@@ -88,7 +96,8 @@ def parse_row(obj: Any) -> QARow:
     bare (``"B"``) or in the released ``<answer>B</answer>`` form.
 
     >>> parse_row({"problem_id": "q1", "videos": "v.mp4", "problem": "Which?", "reasoning": "r",
-    ...            "problem_type": "multiple choice", "options": ["x", "y"], "answer": "<answer>B</answer>"}).answer
+    ...            "problem_type": "multiple choice", "options": ["x", "y"],
+    ...            "answer": "<answer>B</answer>"}).answer
     'B'
     """
     if not isinstance(obj, dict):

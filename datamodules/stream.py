@@ -119,7 +119,9 @@ class VideoQAStream(IterableDataset):
             random.Random(f"{self.seed}-{self.epoch}").shuffle(shards)
         worker = get_worker_info()
         worker_id, num_workers = (worker.id, worker.num_workers) if worker else (0, 1)
-        return shards_for_rank(shards, self.data_parallel_rank, self.data_parallel_size, worker_id, num_workers)
+        return shards_for_rank(
+            shards, self.data_parallel_rank, self.data_parallel_size, worker_id, num_workers
+        )
 
     def _reject(self, shard: str, key: str, reason: str) -> None:
         self.skipped.add()
@@ -156,7 +158,9 @@ class VideoQAStream(IterableDataset):
 
     def _shuffled(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         worker = get_worker_info()
-        rng = random.Random(f"{self.seed}-{self.epoch}-{self.data_parallel_rank}-{worker.id if worker else 0}")
+        rng = random.Random(
+            f"{self.seed}-{self.epoch}-{self.data_parallel_rank}-{worker.id if worker else 0}"
+        )
         buffer: list[dict[str, Any]] = []
         for sample in samples:
             buffer.append(sample)

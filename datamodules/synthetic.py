@@ -1,36 +1,40 @@
-"""A synthetic long-video reasoning task small enough for a ~5M-parameter VLM on a CPU.
+"""A synthetic long-video reasoning task that a ~5M-parameter VLM learns in minutes on a CPU.
 
 Each video is a sequence of ``K`` contiguous *scenes* (``K`` uniform in
-``[min_scenes, max_scenes]``, default 2 to 5). A scene has a solid background colour taken
-from :data:`PALETTE` (8 well-separated named colours, all ``K`` distinct) and a white square,
-about 0.3 x the frame side, in one of the four :data:`QUADRANTS` ("top left", "top right",
-"bottom left", "bottom right"). The square stays in its quadrant for the whole scene; it
-jitters by a pixel or two and the pixels carry a little noise so that no two frames are
-identical. Scene lengths are random, at least ``max(4, num_frames // 10)`` frames each.
+``[min_scenes, max_scenes]``, default 1 to 4). A scene has a solid background colour from
+:data:`PALETTE` (four named colours, all ``K`` distinct) and a white square centred in the
+frame whose size is one of :data:`SQUARE_SIZES` ("small", "medium", "large", "huge"). The
+square jitters by a pixel or two and the pixels carry a little noise, so no two frames are
+identical. Scene lengths are random, at least ``max(2, num_frames // 8)`` frames each.
 
 Every video comes with one four-option multiple-choice question whose category cycles
-through :data:`~datamodules.rows.CATEGORIES` by sample index (so the four are balanced):
+through :data:`~datamodules.rows.CATEGORIES` by sample index (so the four are balanced).
+Each is answerable only by looking at particular frames:
 
 ========================  ====================================================================
-Temporal                  "Which background color comes right after the {X} scene?"
-Spatial                   "Where is the white square while the background is {X}?"
-Goal and Purpose          "The white square is travelling to its destination. In which corner
-                          does it finish?" (the last scene's quadrant)
-Plot                      "How many scenes does the video show?"
+Temporal                  "Which background color comes first in the video?" (the opening frames)
+Goal and Purpose          "The white square's journey ends in the final scene. What color is the
+                          background when it arrives?" (the closing frames)
+Spatial                   "How big is the white square at {mm:ss}, the middle of the video?"
+                          (the frames at that time)
+Plot                      "How many times does the background color change?" (the whole video)
 ========================  ====================================================================
 
-No question can be answered from the text alone: the colour named in a Temporal question is
-never among its options, quadrants and counts are uniform, and option order is either
-shuffled or fixed, so every answer letter is equally likely. The ``reasoning`` (the CoT-SFT
-target) is a short, template-regular chain of thought: one sentence per scene with its
-``mm:ss`` time span, then one sentence that states the answer content, e.g.::
+Options come in a fixed order per category (palette order, size order, counts 0-3), and the
+answers are uniform, so every letter is equally likely (the constant-letter baseline is 25%).
+Why so plain: measured with the ``small`` preset on 2 cores, a model trained from scratch
+learns these in a few hundred steps (Temporal and Goal ~100%, Spatial ~80%, Plot ~50% after
+800 steps of 8 samples), but learned nothing in 1,500 steps when answers needed the absolute
+position of an object (Qwen2.5-VL's rotary positions give a far-away text token almost no
+absolute spatial signal) or when option order was shuffled (the in-context letter lookup is
+itself a skill it does not pick up in that budget). Plot and Spatial are left partly unsolved
+by SFT on purpose: they are where RL has room to improve.
 
-    00:00-00:07 red background, square top left. 00:07-00:19 blue background, square top
-    right. 00:19-00:32 green background, square bottom left. The red scene is followed by
-    the blue scene.
-
-The ground truth stays in the row's ``extra``: ``scenes`` (start/end in seconds and frames,
-colour, position), ``video_meta`` (fps, frame count, width, height) and ``asked_scene``.
+The ``reasoning`` (the CoT-SFT target) is one short sentence citing ``mm:ss`` timestamps and
+stating the answer content, e.g. "At 00:16 the white square is large." or "The background
+changes 2 times, at 00:09 and 00:20.". The ground truth stays in the row's ``extra``:
+``scenes`` (start/end in seconds and frames, colour, square size), ``video_meta`` (fps, frame
+count, width, height) and ``asked_time_s`` (the time a Spatial question asks about).
 
 Generation is deterministic and order-free: sample ``i`` of split ``s`` draws everything from
 ``numpy.random.default_rng((seed, SPLITS.index(s), i))``, so a sample does not depend on how
@@ -50,26 +54,25 @@ from datamodules.rows import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS, QARow
 from datamodules.video import encode_mp4
 
 PALETTE: dict[str, tuple[int, int, int]] = {
-    # Far apart in RGB (min pairwise distance > 90) and far from the white square, so the
-    # colours survive yuv420 compression and resizing and stay easy to tell apart.
+    # Far apart in RGB and far from the white square, so they survive yuv420 compression.
     "red": (220, 30, 30),
     "green": (30, 170, 50),
     "blue": (30, 60, 220),
     "yellow": (235, 215, 20),
-    "purple": (130, 40, 170),
-    "orange": (245, 125, 0),
-    "cyan": (20, 200, 215),
-    "pink": (245, 120, 200),
 }
-QUADRANTS: tuple[str, ...] = ("top left", "top right", "bottom left", "bottom right")
+SQUARE_SIZES: dict[str, float] = {"small": 0.15, "medium": 0.3, "large": 0.5, "huge": 0.8}
+"""Side of the white square as a fraction of the frame side."""
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 SQUARE_COLOR = (255, 255, 255)
 NUM_OPTIONS = 4
+PLOT_OPTIONS: tuple[str, ...] = ("0", "1", "2", "3")
 
-TEMPORAL_QUESTION = "Which background color comes right after the {color} scene?"
-SPATIAL_QUESTION = "Where is the white square while the background is {color}?"
-GOAL_QUESTION = "The white square is travelling to its destination. In which corner does it finish?"
-PLOT_QUESTION = "How many scenes does the video show?"
+TEMPORAL_QUESTION = "Which background color comes first in the video?"
+GOAL_QUESTION = (
+    "The white square's journey ends in the final scene. What color is the background when it arrives?"
+)
+SPATIAL_QUESTION = "How big is the white square at {time}, the middle of the video?"
+PLOT_QUESTION = "How many times does the background color change?"
 
 
 @dataclass(frozen=True)
@@ -80,11 +83,10 @@ class SynthConfig:
         num_frames: frames per video.
         fps: frame rate written into the mp4 (duration = ``num_frames / fps`` seconds).
         size: side of the square frames in pixels (even, at least 28).
-        min_scenes: fewest scenes in a video (at least 2: Temporal needs a following scene).
-        max_scenes: most scenes (at most ``len(PALETTE)`` and ``min_scenes + 3``, because the
-            Plot question offers four consecutive counts).
+        min_scenes: fewest scenes in a video (at least 1).
+        max_scenes: most scenes (at most ``len(PALETTE)``: scenes have distinct colours, and
+            the Plot options are 0 to 3 colour changes).
         seed: base seed; see the module docstring for how samples derive theirs.
-        square_fraction: side of the white square relative to the frame side.
         jitter_px: the square moves by up to this many pixels per frame, in x and y.
         noise: per-pixel noise amplitude (uniform in ``[-noise, noise]``).
     """
@@ -92,10 +94,9 @@ class SynthConfig:
     num_frames: int = 64
     fps: float = 2.0
     size: int = 56
-    min_scenes: int = 2
-    max_scenes: int = 5
+    min_scenes: int = 1
+    max_scenes: int = 4
     seed: int = 0
-    square_fraction: float = 0.3
     jitter_px: int = 2
     noise: int = 2
 
@@ -104,18 +105,13 @@ class SynthConfig:
             raise ValueError(f"size={self.size}: frames need an even side of at least 28 pixels (yuv420 mp4)")
         if not (math.isfinite(self.fps) and self.fps > 0):
             raise ValueError(f"fps={self.fps} must be a positive number")
-        if self.min_scenes < 2:
-            raise ValueError(f"min_scenes={self.min_scenes}: a video needs at least 2 scenes")
+        if self.min_scenes < 1:
+            raise ValueError(f"min_scenes={self.min_scenes}: a video needs at least 1 scene")
         if self.max_scenes < self.min_scenes:
             raise ValueError(f"max_scenes={self.max_scenes} is below min_scenes={self.min_scenes}")
         if self.max_scenes > len(PALETTE):
             raise ValueError(
                 f"max_scenes={self.max_scenes}: scenes need distinct colours, only {len(PALETTE)}"
-            )
-        if self.max_scenes - self.min_scenes >= NUM_OPTIONS:
-            raise ValueError(
-                f"scene counts {self.min_scenes}..{self.max_scenes} do not fit the {NUM_OPTIONS} options of "
-                "the Plot question; use at most 4 distinct counts"
             )
         needed = self.max_scenes * self.min_scene_frames
         if self.num_frames < needed:
@@ -127,26 +123,20 @@ class SynthConfig:
             raise ValueError(f"seed={self.seed} must be non-negative")
         if self.jitter_px < 0 or not 0 <= self.noise <= 32:
             raise ValueError("jitter_px must be >= 0 and noise in [0, 32]")
-        if not 0 < self.square_side + 2 * self.jitter_px <= self.size // 2:
-            raise ValueError(
-                f"square_fraction={self.square_fraction} with jitter_px={self.jitter_px}: the square must "
-                "fit inside its quadrant"
-            )
+        if max(self.square_side(name) for name in SQUARE_SIZES) + 2 * self.jitter_px > self.size:
+            raise ValueError(f"jitter_px={self.jitter_px}: the largest square must stay inside the frame")
 
     @property
     def min_scene_frames(self) -> int:
-        """Shortest scene: long enough to be seen when a video is subsampled ten-fold."""
-        return max(4, self.num_frames // 10)
+        """Shortest scene: still seen when a video is subsampled four-fold and frames are paired."""
+        return max(2, self.num_frames // 8)
 
     @property
-    def square_side(self) -> int:
-        return round(self.square_fraction * self.size)
+    def duration_s(self) -> float:
+        return self.num_frames / self.fps
 
-    @property
-    def plot_options(self) -> tuple[str, ...]:
-        """Four consecutive scene counts covering ``[min_scenes, max_scenes]`` ("2".."5" by default)."""
-        low = max(2, self.max_scenes - (NUM_OPTIONS - 1))
-        return tuple(str(low + i) for i in range(NUM_OPTIONS))
+    def square_side(self, size_name: str) -> int:
+        return max(2, round(SQUARE_SIZES[size_name] * self.size))
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,7 +151,7 @@ class Scene:
     start_s: float
     end_s: float
     color: str
-    position: str
+    square_size: str
 
     @property
     def middle_s(self) -> float:
@@ -179,10 +169,10 @@ class Question:
     problem: str
     options: tuple[str, ...]
     answer_index: int
-    conclusion: str
-    """The last reasoning sentence: it states the answer content."""
-    asked_scene: int | None = None
-    """Index of the scene named in the question (Temporal, Spatial), else ``None``."""
+    reasoning: str
+    """The chain of thought: what is seen where, ending with the answer content."""
+    asked_time_s: float | None = None
+    """The time a Spatial question asks about, else ``None``."""
 
     @property
     def answer_letter(self) -> str:
@@ -232,105 +222,107 @@ def sample_rngs(
 
 
 def plan_scenes(config: SynthConfig, rng: np.random.Generator) -> list[Scene]:
-    """Draw the scene count, lengths (each at least ``min_scene_frames``), colours and quadrants."""
+    """Draw the scene count, lengths (each at least ``min_scene_frames``), colours and square sizes."""
     count = int(rng.integers(config.min_scenes, config.max_scenes + 1))
     spare = config.num_frames - count * config.min_scene_frames
     # Sorted uniform cut points split the spare frames into `count` random non-negative parts.
     cuts = np.sort(rng.integers(0, spare + 1, size=count - 1))
     lengths = config.min_scene_frames + np.diff(np.concatenate([[0], cuts, [spare]]))
     colors = rng.choice(len(PALETTE), size=count, replace=False)
-    positions = rng.integers(0, len(QUADRANTS), size=count)
-    names = list(PALETTE)
+    sizes = rng.integers(0, len(SQUARE_SIZES), size=count)
+    color_names, size_names = list(PALETTE), list(SQUARE_SIZES)
     scenes: list[Scene] = []
     start = 0
-    for length, color, position in zip(lengths, colors, positions, strict=True):
+    for length, color, size in zip(lengths, colors, sizes, strict=True):
         end = start + int(length)
         scenes.append(
             Scene(
-                start, end, start / config.fps, end / config.fps, names[int(color)], QUADRANTS[int(position)]
+                start,
+                end,
+                start / config.fps,
+                end / config.fps,
+                color_names[int(color)],
+                size_names[int(size)],
             )
         )
         start = end
     return scenes
 
 
-def make_question(
-    scenes: Sequence[Scene], category: str, config: SynthConfig, rng: np.random.Generator
-) -> Question:
-    """The question of one category about ``scenes``, with options and the answer's index."""
+def scene_at(scenes: Sequence[Scene], frame: int) -> Scene:
+    """The scene showing source frame ``frame``."""
+    return next(s for s in scenes if s.start_frame <= frame < s.end_frame)
+
+
+def make_question(scenes: Sequence[Scene], category: str, config: SynthConfig) -> Question:
+    """The question of one category about ``scenes``, with its options, answer and reasoning."""
+    colors = tuple(PALETTE)
     if category == "Temporal":
-        asked = int(rng.integers(0, len(scenes) - 1))
-        color, answer = scenes[asked].color, scenes[asked + 1].color
-        # Distractors: other colours of this video first (they are plausible), then palette
-        # colours. The asked colour is never offered: it could be ruled out without the video.
-        in_video = [s.color for s in scenes if s.color not in (color, answer)]
-        elsewhere = [c for c in PALETTE if c not in in_video and c not in (color, answer)]
-        distractors = [*rng.permutation(in_video), *rng.permutation(elsewhere)][: NUM_OPTIONS - 1]
-        options = [answer, *(str(c) for c in distractors)]
-        options = [options[i] for i in rng.permutation(NUM_OPTIONS)]
+        first = scenes[0]
         return Question(
             category,
-            TEMPORAL_QUESTION.format(color=color),
-            tuple(options),
-            options.index(answer),
-            f"The {color} scene is followed by the {answer} scene.",
-            asked,
-        )
-    if category == "Spatial":
-        asked = int(rng.integers(0, len(scenes)))
-        scene = scenes[asked]
-        return Question(
-            category,
-            SPATIAL_QUESTION.format(color=scene.color),
-            QUADRANTS,
-            QUADRANTS.index(scene.position),
-            f"While the background is {scene.color}, the square is {scene.position}.",
-            asked,
+            TEMPORAL_QUESTION,
+            colors,
+            colors.index(first.color),
+            f"The video opens at 00:00 on a {first.color} background.",
         )
     if category == "Goal and Purpose":
         last = scenes[-1]
         return Question(
             category,
             GOAL_QUESTION,
-            QUADRANTS,
-            QUADRANTS.index(last.position),
-            f"In the last scene the square is {last.position}.",
+            colors,
+            colors.index(last.color),
+            f"At {format_timestamp(config.duration_s)} the video ends on a {last.color} background, "
+            "where the square arrives.",
         )
-    if category == "Plot":
-        options = config.plot_options
+    if category == "Spatial":
+        middle_frame = config.num_frames // 2
+        time = format_timestamp(middle_frame / config.fps)
+        scene = scene_at(scenes, middle_frame)
+        sizes = tuple(SQUARE_SIZES)
         return Question(
             category,
-            PLOT_QUESTION,
-            options,
-            options.index(str(len(scenes))),
-            f"The video shows {len(scenes)} scenes.",
+            SPATIAL_QUESTION.format(time=time),
+            sizes,
+            sizes.index(scene.square_size),
+            f"At {time} the white square is {scene.square_size}.",
+            asked_time_s=middle_frame / config.fps,
         )
+    if category == "Plot":
+        changes = len(scenes) - 1
+        if changes == 0:
+            reasoning = (
+                f"The background stays {scenes[0].color} from 00:00 to "
+                f"{format_timestamp(config.duration_s)}: it changes 0 times."
+            )
+        else:
+            times = [format_timestamp(s.start_s) for s in scenes[1:]]
+            listed = times[0] if changes == 1 else ", ".join(times[:-1]) + f" and {times[-1]}"
+            reasoning = (
+                f"The background changes {changes} {'time' if changes == 1 else 'times'}, at {listed}."
+            )
+        return Question(category, PLOT_QUESTION, PLOT_OPTIONS, PLOT_OPTIONS.index(str(changes)), reasoning)
     raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
 
 
 def reasoning_text(scenes: Sequence[Scene], question: Question) -> str:
-    """One sentence per scene with its time span, then the question's conclusion."""
-    described = [
-        f"{format_timestamp(s.start_s)}-{format_timestamp(s.end_s)} "
-        f"{s.color} background, square {s.position}."
-        for s in scenes
-    ]
-    return " ".join([*described, question.conclusion])
+    """The chain of thought of a question (kept as a function: other tasks may describe more)."""
+    return question.reasoning
 
 
 def render_scenes(scenes: Sequence[Scene], config: SynthConfig, rng: np.random.Generator) -> np.ndarray:
     """Frames ``(num_frames, size, size, 3)`` uint8 RGB: coloured backgrounds, a jittering white square."""
-    size, side = config.size, config.square_side
+    size = config.size
     frames = np.empty((config.num_frames, size, size, 3), dtype=np.int16)
     offsets = rng.integers(-config.jitter_px, config.jitter_px + 1, size=(config.num_frames, 2))
     for scene in scenes:
         frames[scene.start_frame : scene.end_frame] = PALETTE[scene.color]
-        quadrant = QUADRANTS.index(scene.position)
-        # Centre the square in its quadrant; the quadrant leaves room for the jitter.
-        top = round(size / 4 + (quadrant // 2) * size / 2 - side / 2)
-        left = round(size / 4 + (quadrant % 2) * size / 2 - side / 2)
+        side = config.square_side(scene.square_size)
+        corner = (size - side) // 2
         for t in range(scene.start_frame, scene.end_frame):
-            y, x = top + offsets[t, 0], left + offsets[t, 1]
+            y = min(max(corner + offsets[t, 0], 0), size - side)
+            x = min(max(corner + offsets[t, 1], 0), size - side)
             frames[t, y : y + side, x : x + side] = SQUARE_COLOR
     if config.noise:
         frames += rng.integers(-config.noise, config.noise + 1, size=frames.shape, dtype=np.int16)
@@ -340,11 +332,11 @@ def render_scenes(scenes: Sequence[Scene], config: SynthConfig, rng: np.random.G
 def _plan(config: SynthConfig, split: str, index: int) -> tuple[QARow, list[Scene], np.random.Generator]:
     plan_rng, render_rng = sample_rngs(config, split, index)
     scenes = plan_scenes(config, plan_rng)
-    question = make_question(scenes, category_of(index), config, plan_rng)
+    question = make_question(scenes, category_of(index), config)
     key = sample_key(split, index)
     extra = {
         "scenes": [s.to_json() for s in scenes],
-        "asked_scene": question.asked_scene,
+        "asked_time_s": question.asked_time_s,
         "video_meta": {
             "fps": config.fps,
             "num_frames": config.num_frames,

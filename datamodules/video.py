@@ -50,7 +50,9 @@ class SampledVideo:
         return len(self.frame_indices) / self.duration
 
 
-def fit_to_pixel_budget(height: int, width: int, max_pixels: int, factor: int = PATCH_FACTOR) -> tuple[int, int]:
+def fit_to_pixel_budget(
+    height: int, width: int, max_pixels: int, factor: int = PATCH_FACTOR
+) -> tuple[int, int]:
     """Largest ``(h, w)``, multiples of ``factor``, with ``h * w <= max_pixels`` and the aspect kept.
 
     Never upscales beyond the source size rounded to ``factor`` and never goes below one
@@ -160,6 +162,7 @@ def decode_video(source: bytes | str | Path, num_frames: int, max_pixels: int) -
         raise VideoDecodeError(f"cannot decode video: {err}") from err
     if len(frames) != len(indices):
         raise VideoDecodeError(
-            f"decoded {len(frames)} of {len(indices)} sampled frames (header says {total}): truncated or corrupt"
+            f"decoded {len(frames)} of {len(indices)} sampled frames (header says {total}): "
+            "truncated or corrupt"
         )
     return SampledVideo(np.stack(frames), fps, total, tuple(indices))

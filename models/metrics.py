@@ -22,7 +22,9 @@ class MultipleChoiceScores(Metric):
 
     full_state_update = False
 
-    def __init__(self, categories: Sequence[str] = CATEGORIES, num_letters: int = len(OPTION_LETTERS)) -> None:
+    def __init__(
+        self, categories: Sequence[str] = CATEGORIES, num_letters: int = len(OPTION_LETTERS)
+    ) -> None:
         super().__init__()
         self.categories = [*categories, UNCATEGORISED]
         self.num_letters = num_letters
@@ -30,14 +32,21 @@ class MultipleChoiceScores(Metric):
         self.add_state("correct", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("well_formed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state(
+            "key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum"
+        )
 
     def update(  # type: ignore[override]
-        self, predicted: Sequence[str | None], answers: Sequence[str], categories: Sequence[str | None],
+        self,
+        predicted: Sequence[str | None],
+        answers: Sequence[str],
+        categories: Sequence[str | None],
         well_formed: Sequence[bool],
     ) -> None:
         for pred, answer, category, formed in zip(predicted, answers, categories, well_formed, strict=True):
-            index = self.categories.index(category) if category in self.categories else len(self.categories) - 1
+            index = (
+                self.categories.index(category) if category in self.categories else len(self.categories) - 1
+            )
             self.total[index] += 1
             self.correct[index] += int(pred is not None and pred == answer)
             self.well_formed[index] += int(formed)
@@ -61,8 +70,11 @@ class MultipleChoiceScores(Metric):
 
 def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -> str:
     """A plain-text table of per-category accuracy, the overall score and the baseline."""
-    rows = [(k.split("/", 1)[1], v, int(scores.get(f"count/{k.split('/', 1)[1]}", 0)))
-            for k, v in scores.items() if k.startswith("accuracy/")]
+    rows = [
+        (k.split("/", 1)[1], v, int(scores.get(f"count/{k.split('/', 1)[1]}", 0)))
+        for k, v in scores.items()
+        if k.startswith("accuracy/")
+    ]
     width = max([len("category"), *(len(name) for name, _, _ in rows)])
     lines = [title, f"{'category':<{width}}  {'n':>5}  accuracy", "-" * (width + 17)]
     lines += [f"{name:<{width}}  {n:>5}  {acc:8.1%}" for name, acc, n in rows]

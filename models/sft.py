@@ -24,5 +24,7 @@ class SFTModule(VLMModule):
         self.log("train/target_tokens", (batch["labels"] != -100).sum().float(), batch_size=batch_size)
         # The optimizer step this batch makes (Lightning's logger "step" can run one ahead after a resume).
         self.log("train/global_step", float(self.global_step), batch_size=batch_size)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, batch_size=batch_size)
+        self.log(
+            "train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], prog_bar=True, batch_size=batch_size
+        )
         return loss

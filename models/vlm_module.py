@@ -45,7 +45,8 @@ class VLMModule(L.LightningModule):
         gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
         max_new_tokens: generation budget of a validation answer.
         dtype: parameter dtype: float32 or bfloat16.
-        attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``); None = HF default.
+        attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``);
+            None = the HF default.
     """
 
     def __init__(
@@ -79,7 +80,8 @@ class VLMModule(L.LightningModule):
         if self.model is not None:
             return
         self.model = load_model(
-            self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype),
+            self.hparams.model_path,
+            dtype=getattr(torch, self.hparams.dtype),
             attn_implementation=self.hparams.attn_implementation,
         )
         # from_pretrained returns the model in eval mode; Lightning keeps submodule modes as it finds
@@ -112,7 +114,9 @@ class VLMModule(L.LightningModule):
     def configure_optimizers(self) -> Any:
         params = [p for p in self.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
-            params, lr=self.hparams.learning_rate, betas=tuple(self.hparams.betas),
+            params,
+            lr=self.hparams.learning_rate,
+            betas=tuple(self.hparams.betas),
             weight_decay=self.hparams.weight_decay,
         )
         warmup = max(0, self.hparams.warmup_steps)
@@ -149,16 +153,19 @@ class VLMModule(L.LightningModule):
             eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
             **{k: batch[k] for k in VIDEO_INPUT_KEYS},
         )
-        return tokenizer.batch_decode(generated[:, prompt_ids.shape[1]:], skip_special_tokens=True)
+        return tokenizer.batch_decode(generated[:, prompt_ids.shape[1] :], skip_special_tokens=True)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         completions = self.generate_answers(batch)
         meta = batch["meta"]
         predicted = [
-            response_choice(text, len(m["options"]) or 4, m["options"]) for text, m in zip(completions, meta, strict=True)
+            response_choice(text, len(m["options"]) or 4, m["options"])
+            for text, m in zip(completions, meta, strict=True)
         ]
         self.val_scores.update(
-            predicted, [m["answer"] for m in meta], [m["category"] for m in meta],
+            predicted,
+            [m["answer"] for m in meta],
+            [m["category"] for m in meta],
             [follows_format(text) for text in completions],
         )
         if batch_idx == 0:
@@ -183,10 +190,14 @@ class VLMModule(L.LightningModule):
             if not name.startswith("count"):
                 self.log(f"val/{name}", value, sync_dist=False)
         if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
-            rank_zero_info("\n" + format_accuracy_table(scores, title=f"Validation of {self.hparams.model_path}"))
+            rank_zero_info(
+                "\n" + format_accuracy_table(scores, title=f"Validation of {self.hparams.model_path}")
+            )
             for sample in self.sample_completions[:2]:
-                rank_zero_info(f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
-                               f"{sample['completion']!r}")
+                rank_zero_info(
+                    f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
+                    f"{sample['completion']!r}"
+                )
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:

@@ -16,7 +16,9 @@ _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 _BARE_LETTER = re.compile(r"^[\(\[]?([A-J])[\)\]]?[.:)]?$")
 _LETTER_THEN_TEXT = re.compile(r"^[\(\[]?([A-J])(?:[\)\]][.:]?|[.:])\s+\S")
-_NAMED_LETTER = re.compile(r"\b(?:option|answer|choice)\s*(?:is\s*)?[:\-]?\s*[\(\[]?([A-J])[\)\]]?(?![A-Za-z])", re.I)
+_NAMED_LETTER = re.compile(
+    r"\b(?:option|answer|choice)\s*(?:is\s*)?[:\-]?\s*[\(\[]?([A-J])[\)\]]?(?![A-Za-z])", re.I
+)
 
 
 def extract_answer(response: str) -> str | None:

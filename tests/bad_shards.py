@@ -23,10 +23,22 @@ def write_shard_with_broken_samples(path: Path, config: SynthConfig, good: int =
             if index == 1:
                 _, video, row = encode_sample(config, "train", 100)
                 row = {**row, "problem_id": BROKEN_KEYS[0], "videos": f"{BROKEN_KEYS[0]}.mp4"}
-                writer.write({"__key__": BROKEN_KEYS[0], "mp4": video[: len(video) // 3],
-                              "json": json.dumps(row).encode()})
-                writer.write({"__key__": BROKEN_KEYS[1], "mp4": video, "json": b'{"problem_id": "x", "videos": '})
-                writer.write({"__key__": BROKEN_KEYS[2], "mp4": video,
-                              "json": json.dumps({**row, "answer": "<answer>Z</answer>"}).encode()})
+                writer.write(
+                    {
+                        "__key__": BROKEN_KEYS[0],
+                        "mp4": video[: len(video) // 3],
+                        "json": json.dumps(row).encode(),
+                    }
+                )
+                writer.write(
+                    {"__key__": BROKEN_KEYS[1], "mp4": video, "json": b'{"problem_id": "x", "videos": '}
+                )
+                writer.write(
+                    {
+                        "__key__": BROKEN_KEYS[2],
+                        "mp4": video,
+                        "json": json.dumps({**row, "answer": "<answer>Z</answer>"}).encode(),
+                    }
+                )
                 writer.write({"__key__": BROKEN_KEYS[3], "json": json.dumps(row).encode()})
     return good_keys

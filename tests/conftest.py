@@ -37,7 +37,9 @@ def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("synth")
     config = SynthConfig(num_frames=20, fps=2.0, size=56, seed=7)
     for split, count in (("train", 24), ("val", 8)):
-        write_shards(encoded_samples(config, split, count), out, split, max_samples_per_shard=4, progress=False)
+        write_shards(
+            encoded_samples(config, split, count), out, split, max_samples_per_shard=4, progress=False
+        )
     return out
 
 

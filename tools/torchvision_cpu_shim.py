@@ -30,7 +30,9 @@ class _EmptyModuleLoader(importlib.abc.Loader):
 
 
 class _SkipRegistrationsWithoutOps(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname: str, path: object, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: object, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _REGISTRATION_MODULES:
             return None
         extension = sys.modules.get("torchvision.extension")

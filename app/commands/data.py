@@ -64,7 +64,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--max-scenes",
         type=_positive_int,
         default=defaults.max_scenes,
-        help="most scenes per video (<= min + 3)",
+        help="most scenes per video (at most 4: one distinct palette colour each)",
     )
     synth.add_argument(
         "--noise", type=_non_negative_int, default=defaults.noise, help="per-pixel noise amplitude"

@@ -32,14 +32,26 @@ def _list_samples(rank: int, shards: list[str], store_path: str, out_dir: str) -
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD_SIZE)
     dp_rank, dp_size = data_parallel_coordinates(dist.get_rank(), dist.get_world_size(), SEQUENCE_PARALLEL)
     stream = VideoQAStream(
-        shards, num_frames=8, max_pixels=56 * 56, data_parallel_rank=dp_rank, data_parallel_size=dp_size,
-        shuffle=True, shuffle_buffer=4, seed=3,
+        shards,
+        num_frames=8,
+        max_pixels=56 * 56,
+        data_parallel_rank=dp_rank,
+        data_parallel_size=dp_size,
+        shuffle=True,
+        shuffle_buffer=4,
+        seed=3,
     )
     # Workers fork from the rank process (as under Lightning); spawning them would only add start-up time.
     epochs = []
     for epoch in range(2):
-        loader = EpochAwareDataLoader(stream, epoch_fn=lambda e=epoch: e, batch_size=None, num_workers=2,
-                                      collate_fn=_first, multiprocessing_context="fork")
+        loader = EpochAwareDataLoader(
+            stream,
+            epoch_fn=lambda e=epoch: e,
+            batch_size=None,
+            num_workers=2,
+            collate_fn=_first,
+            multiprocessing_context="fork",
+        )
         epochs.append([[s.key, hashlib.sha1(s.video.frames.tobytes()).hexdigest()] for s in loader])
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"dp_rank": dp_rank, "epochs": epochs}))
     dist.barrier()
@@ -49,7 +61,9 @@ def _list_samples(rank: int, shards: list[str], store_path: str, out_dir: str) -
 def test_every_sample_once_per_epoch_and_peers_identical(synth_dir: Path, tmp_path: Path) -> None:
     shards = resolve_shards(str(synth_dir / "train-*.tar"))
     assert len(shards) == 6
-    mp.spawn(_list_samples, args=(shards, str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(
+        _list_samples, args=(shards, str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, join=True
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
     assert [r["dp_rank"] for r in results] == [0, 0, 1, 1]
     for epoch in range(2):

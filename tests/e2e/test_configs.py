@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").rglob("*.yaml"))
@@ -21,7 +20,10 @@ def test_there_are_configs() -> None:
 def test_config_parses(config) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "app", "fit", "--config", str(config), "--print_config"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = yaml.safe_load(result.stdout)

@@ -10,38 +10,63 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
 from conftest import REPO_ROOT
+
 from datamodules.synthetic import SynthConfig
 
 
 def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=timeout, env=env)
-    assert result.returncode == 0, f"lvrl {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert result.returncode == 0, (
+        f"lvrl {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
     return result
 
 
 def fit_args(run_dir: Path, model_dir: Path, train: str, val: str, max_steps: int) -> list[str]:
     return [
-        "fit", "--config", "configs/demo/sft.yaml",
-        "--trainer.default_root_dir", str(run_dir),
-        "--trainer.max_steps", str(max_steps),
-        "--trainer.val_check_interval", "2",
-        "--trainer.limit_val_batches", "1",
-        "--trainer.log_every_n_steps", "1",
-        "--model.init_args.model_path", str(model_dir),
-        "--model.init_args.max_new_tokens", "8",
-        "--model.init_args.learning_rate", "1e-3",
-        "--model.init_args.warmup_steps", "4",
-        "--model.init_args.lr_schedule", "constant",
-        "--data.init_args.train_shards", train,
-        "--data.init_args.val_shards", val,
-        "--data.init_args.num_frames", "8",
-        "--data.init_args.batch_size", "2",
-        "--data.init_args.num_workers", "0",
+        "fit",
+        "--config",
+        "configs/demo/sft.yaml",
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        str(max_steps),
+        "--trainer.val_check_interval",
+        "2",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--model.init_args.model_path",
+        str(model_dir),
+        "--model.init_args.max_new_tokens",
+        "8",
+        "--model.init_args.learning_rate",
+        "1e-3",
+        "--model.init_args.warmup_steps",
+        "4",
+        "--model.init_args.lr_schedule",
+        "constant",
+        "--data.init_args.train_shards",
+        train,
+        "--data.init_args.val_shards",
+        val,
+        "--data.init_args.num_frames",
+        "8",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.num_workers",
+        "0",
     ]
 
 
@@ -76,9 +101,11 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
 
     # The exported HF directory is the trained model, and transformers and vLLM agree on it.
     export = run_dir / "hf"
-    assert (export / "config.json").exists() and (export / "preprocessor_config.json").exists() or (
-        export / "processor_config.json"
-    ).exists()
+    assert (
+        ((export / "config.json").exists()
+        and (export / "preprocessor_config.json").exists())
+        or (export / "processor_config.json").exists()
+    )
     state = torch.load(last, weights_only=False)["state_dict"]
     from models.loading import load_model
 
@@ -88,34 +115,52 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(export)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Which color comes first?"}],
-                                           tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Which color comes first?"}], tokenize=False, add_generation_prompt=True
+    )
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert greedy_ids_transformers(export, prompt_ids, 12) == greedy_ids_vllm(export, prompt_ids, 12)
 
 
 def test_validate_prints_accuracy_table(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
     result = run_cli(
-        "validate", "--config", "configs/demo/sft.yaml", "--trainer.default_root_dir", str(tmp_path),
-        "--model.init_args.model_path", str(tiny_model_dir), "--model.init_args.max_new_tokens", "8",
-        "--data.init_args.val_shards", str(synth_dir / "val-*.tar"), "--data.init_args.num_frames", "8",
-        "--data.init_args.num_workers", "0",
+        "validate",
+        "--config",
+        "configs/demo/sft.yaml",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--model.init_args.model_path",
+        str(tiny_model_dir),
+        "--model.init_args.max_new_tokens",
+        "8",
+        "--data.init_args.val_shards",
+        str(synth_dir / "val-*.tar"),
+        "--data.init_args.num_frames",
+        "8",
+        "--data.init_args.num_workers",
+        "0",
     )
     output = result.stdout + result.stderr
     for needle in ("Temporal", "Spatial", "Plot", "Goal and Purpose", "overall", "constant letter"):
         assert needle in output
 
 
-def test_broken_samples_train_on_with_named_warnings(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+def test_broken_samples_train_on_with_named_warnings(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
     shard = tmp_path / "mixed-00000.tar"
     write_shard_with_broken_samples(shard, SynthConfig(num_frames=20, size=56), good=6)
     run_dir = tmp_path / "run"
-    result = run_cli(*fit_args(run_dir, tiny_model_dir, str(shard), str(synth_dir / "val-*.tar"), max_steps=3))
+    result = run_cli(
+        *fit_args(run_dir, tiny_model_dir, str(shard), str(synth_dir / "val-*.tar"), max_steps=3)
+    )
     for key in BROKEN_KEYS:
         assert key in result.stderr, f"no warning names {key}"
     assert str(shard) in result.stderr
     with next(run_dir.glob("csv/version_*/metrics.csv")).open() as f:
-        skipped = [float(r["data/skipped_samples"]) for r in csv.DictReader(f) if r.get("data/skipped_samples")]
+        skipped = [
+            float(r["data/skipped_samples"]) for r in csv.DictReader(f) if r.get("data/skipped_samples")
+        ]
     assert skipped and max(skipped) == len(BROKEN_KEYS)
 
 
@@ -123,12 +168,18 @@ def test_broken_samples_train_on_with_named_warnings(tiny_model_dir: Path, synth
     ("shards", "message"),
     [("/nonexistent/train-00000.tar", "does not exist"), ("{tmp}/empty-*.tar", "no shard matches")],
 )
-def test_missing_shards_fail_before_training(tiny_model_dir: Path, tmp_path: Path, shards: str, message: str) -> None:
+def test_missing_shards_fail_before_training(
+    tiny_model_dir: Path, tmp_path: Path, shards: str, message: str
+) -> None:
     spec = shards.format(tmp=tmp_path)
     env = {**os.environ, "WANDB_MODE": "offline"}
     result = subprocess.run(
         [sys.executable, "-m", "app", *fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert result.returncode != 0
     assert spec in result.stderr and message in result.stderr

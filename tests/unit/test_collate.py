@@ -53,4 +53,6 @@ def test_video_tokens_and_metadata(tiny_model_dir: Path, synth_dir: Path) -> Non
     torch.testing.assert_close(batch["second_per_grid_ts"], torch.full((len(samples),), 2.5))
     assert batch["pixel_values_videos"].shape[0] == int(grid.prod(-1).sum())
     assert [m["key"] for m in batch["meta"]] == [s.key for s in samples]
-    assert batch["prompt_input_ids"][:, -1].tolist() == batch["prompt_input_ids"][0, -1:].tolist() * len(samples)
+    assert batch["prompt_input_ids"][:, -1].tolist() == batch["prompt_input_ids"][0, -1:].tolist() * len(
+        samples
+    )

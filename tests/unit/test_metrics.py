@@ -7,8 +7,12 @@ from models.metrics import MultipleChoiceScores, format_accuracy_table
 
 def test_scores_match_hand_counts():
     metric = MultipleChoiceScores()
-    metric.update(["A", "B", None, "C"], ["A", "C", "B", "C"], ["Temporal", "Temporal", "Plot", "Spatial"],
-                  [True, True, False, True])
+    metric.update(
+        ["A", "B", None, "C"],
+        ["A", "C", "B", "C"],
+        ["Temporal", "Temporal", "Plot", "Spatial"],
+        [True, True, False, True],
+    )
     metric.update(["B"], ["B"], [None], [False])
     scores = metric.compute()
     assert scores["accuracy"] == pytest.approx(3 / 5)

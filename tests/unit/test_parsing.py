@@ -6,14 +6,30 @@ from rewards.parsing import extract_answer, follows_format, parse_choice, respon
 
 
 @pytest.mark.parametrize(
-    "text", ["B", "B.", "(B)", "[B]", "B)", "B: blue", "B) blue", "B. blue", "Option B", "option (B)",
-             "The answer is B", "answer: b", " **B** "],
+    "text",
+    [
+        "B",
+        "B.",
+        "(B)",
+        "[B]",
+        "B)",
+        "B: blue",
+        "B) blue",
+        "B. blue",
+        "Option B",
+        "option (B)",
+        "The answer is B",
+        "answer: b",
+        " **B** ",
+    ],
 )
 def test_common_letter_forms_are_accepted(text):
     assert parse_choice(text) == "B"
 
 
-@pytest.mark.parametrize("text", ["", "A or B", "A and B", "Option A, option B", "E", "(E)", "none", "AB", "blue"])
+@pytest.mark.parametrize(
+    "text", ["", "A or B", "A and B", "Option A, option B", "E", "(E)", "none", "AB", "blue"]
+)
 def test_ambiguous_or_invalid_answers_are_rejected(text):
     assert parse_choice(text) is None
 

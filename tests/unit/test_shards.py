@@ -153,8 +153,8 @@ def test_data_synth_command_end_to_end(tmp_path: Path, capsys: pytest.CaptureFix
     ("extra", "message"),
     [
         (["--size", "57"], "even side"),
-        (["--frames", "10", "--max-scenes", "5"], "too few"),
-        (["--min-scenes", "2", "--max-scenes", "7"], "Plot"),
+        (["--frames", "6", "--max-scenes", "4"], "too few"),
+        (["--min-scenes", "2", "--max-scenes", "7"], "distinct colours"),
     ],
 )
 def test_data_synth_rejects_bad_values(tmp_path: Path, extra: list[str], message: str) -> None:

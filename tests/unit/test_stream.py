@@ -6,14 +6,16 @@ import logging
 from pathlib import Path
 
 import pytest
-
 from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
+
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream, shards_for_rank
 from datamodules.synthetic import SynthConfig
 
 
-def test_broken_samples_are_skipped_named_and_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_broken_samples_are_skipped_named_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shard = tmp_path / "mixed-00000.tar"
     good_keys = write_shard_with_broken_samples(shard, SynthConfig(num_frames=20, size=56))
     stream = VideoQAStream([str(shard)], num_frames=8, max_pixels=56 * 56)
@@ -26,7 +28,12 @@ def test_broken_samples_are_skipped_named_and_counted(tmp_path: Path, caplog: py
         assert messages, f"no warning names {key}"
         assert str(shard) in messages[0]
     text = caplog.text
-    assert "bad video" in text and "malformed JSON" in text and "malformed row" in text and "no video member" in text
+    assert (
+        "bad video" in text
+        and "malformed JSON" in text
+        and "malformed row" in text
+        and "no video member" in text
+    )
 
 
 def test_sample_contents(synth_dir: Path) -> None:

@@ -51,6 +51,8 @@ def test_short_videos_yield_an_even_frame_count():
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
 def test_damaged_videos_raise_a_clear_error(damage):
     data = encode_mp4(_ramp_video(), fps=4.0)
-    broken = {"truncated": data[: len(data) // 2], "garbage": b"\x00\x01not a video" * 10, "empty": b""}[damage]
+    broken = {"truncated": data[: len(data) // 2], "garbage": b"\x00\x01not a video" * 10, "empty": b""}[
+        damage
+    ]
     with pytest.raises(VideoDecodeError):
         decode_video(broken, num_frames=8, max_pixels=56 * 56)
