@@ -112,6 +112,11 @@ class VLMModule(L.LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self) -> Any:
+        trainer = self._trainer  # None when used outside a Trainer (tests, notebooks)
+        total = trainer.max_steps if trainer is not None and trainer.max_steps > 0 else None
+        cosine = self.hparams.lr_schedule == "cosine"
+        if cosine and total is None:
+            raise ValueError("lr_schedule='cosine' needs trainer.max_steps")
         params = [p for p in self.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
             params,
@@ -120,10 +125,6 @@ class VLMModule(L.LightningModule):
             weight_decay=self.hparams.weight_decay,
         )
         warmup = max(0, self.hparams.warmup_steps)
-        total = self.trainer.max_steps if self.trainer and self.trainer.max_steps > 0 else None
-        cosine = self.hparams.lr_schedule == "cosine"
-        if cosine and total is None:
-            raise ValueError("lr_schedule='cosine' needs trainer.max_steps")
 
         def scale(step: int) -> float:
             if step < warmup:

@@ -54,6 +54,35 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     build.set_defaults(run=run_build)
 
+    export = commands.add_parser(
+        "export",
+        help="write a Hugging Face model directory from a Lightning checkpoint (.ckpt)",
+        description="Export the weights of an lvrl checkpoint with save_pretrained, plus the processor "
+        "files, so transformers and vLLM can load them (`lvrl fit` does this at the end, into <run>/hf).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    export.add_argument(
+        "--ckpt", type=Path, required=True, help="checkpoint file, e.g. runs/x/checkpoints/last.ckpt"
+    )
+    export.add_argument("--out", type=Path, required=True, help="output directory")
+    export.add_argument(
+        "--model-path",
+        type=Path,
+        default=None,
+        help="model directory to take the architecture from (default: the one recorded in the checkpoint)",
+    )
+    export.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> None:
+    """Handler of ``lvrl model export``."""
+    from models.export import export_checkpoint
+
+    if not args.ckpt.is_file():
+        raise SystemExit(f"lvrl model export: error: checkpoint {args.ckpt} does not exist")
+    out = export_checkpoint(args.ckpt, args.out, args.model_path)
+    print(f"exported {args.ckpt} to {out}")
+
 
 def run_build(args: argparse.Namespace) -> None:
     """Handler of ``lvrl model build``."""

@@ -1,0 +1,69 @@
+"""The SFT module: loss over assistant tokens only, frozen vision tower, checkpointing, LR schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoProcessor
+
+from datamodules.collate import VideoQACollator
+from datamodules.shards import resolve_shards
+from datamodules.stream import VideoQAStream
+from models.sft import SFTModule
+from models.vlm_module import vision_tower
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model_dir: Path, synth_dir: Path) -> dict:
+    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
+    samples = [s for _, s in zip(range(2), stream, strict=False)]
+    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir))(samples)
+
+
+def test_loss_is_the_mean_over_assistant_tokens(tiny_model_dir: Path, batch: dict) -> None:
+    module = SFTModule(str(tiny_model_dir))
+    module.configure_model()
+    loss = module.token_mean_loss(batch)
+    logits = module.forward_logits(batch).float()
+    # By hand: log-softmax at each position predicts the next token; average over labelled ones.
+    terms = []
+    for i in range(batch["input_ids"].shape[0]):
+        for t in range(1, batch["input_ids"].shape[1]):
+            label = int(batch["labels"][i, t])
+            if label != -100:
+                terms.append(-torch.log_softmax(logits[i, t - 1], dim=-1)[label])
+    assert len(terms) == int((batch["labels"] != -100).sum())
+    torch.testing.assert_close(loss, torch.stack(terms).mean())
+
+
+def test_frozen_vision_and_gradient_checkpointing(tiny_model_dir: Path, batch: dict) -> None:
+    module = SFTModule(str(tiny_model_dir), freeze_vision=True, gradient_checkpointing=True)
+    module.configure_model()
+    assert module.model.is_gradient_checkpointing and module.model.training
+    module.token_mean_loss(batch).backward()
+    tower = vision_tower(module.model)
+    assert all(p.grad is None and not p.requires_grad for p in tower.parameters())
+    text_grads = [p.grad for n, p in module.model.named_parameters() if "language_model" in n]
+    assert text_grads and all(g is not None for g in text_grads)
+    optimizer = module.configure_optimizers()["optimizer"]
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in tower.parameters()}
+
+
+def test_warmup_then_constant_learning_rate(tiny_model_dir: Path) -> None:
+    module = SFTModule(str(tiny_model_dir), learning_rate=1e-3, warmup_steps=4)
+    module.configure_model()
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.25e-3, 0.5e-3, 0.75e-3, 1e-3, 1e-3, 1e-3])
+    with pytest.raises(ValueError, match="max_steps"):
+        SFTModule(str(tiny_model_dir), lr_schedule="cosine").configure_optimizers()
+    with pytest.raises(ValueError, match="lr_schedule"):
+        SFTModule(str(tiny_model_dir), lr_schedule="linear")
