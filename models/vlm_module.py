@@ -17,18 +17,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from models.loading import load_model, load_processor
 from models.metrics import MultipleChoiceScores, format_accuracy_table
+from models.vision import vision_tower
 from rewards.parsing import follows_format, response_choice
 
 VIDEO_INPUT_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
-
-
-def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
-    """The vision encoder of a HF VLM (``model.model.visual`` for the Qwen-VL families)."""
-    inner = getattr(model, "model", model)
-    tower = getattr(inner, "visual", None)
-    if tower is None:
-        raise AttributeError(f"cannot find the vision tower of {type(model).__name__}")
-    return tower
 
 
 class VLMModule(L.LightningModule):

@@ -12,7 +12,7 @@ from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from models.sft import SFTModule
-from models.vlm_module import vision_tower
+from models.vision import vision_tower
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,27 @@
+"""Encoding videos once: the vision tower's output, cached for rollouts and every training pass."""
+
+from __future__ import annotations
+
+import torch
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
+    """The vision encoder of a HF VLM (``model.model.visual`` for the Qwen-VL families)."""
+    inner = getattr(model, "model", model)
+    tower = getattr(inner, "visual", None)
+    if tower is None:
+        raise AttributeError(f"cannot find the vision tower of {type(model).__name__}")
+    return tower
+
+
+def encode_videos(
+    model: torch.nn.Module, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor
+) -> list[torch.Tensor]:
+    """Run the vision tower (and merger) once; one ``(num_visual_tokens, hidden)`` tensor per video."""
+    inner = getattr(model, "model", model)
+    tower = vision_tower(model)
+    pixels = pixel_values_videos.to(
+        device=next(tower.parameters()).device, dtype=next(tower.parameters()).dtype
+    )
+    output = inner.get_video_features(pixels, video_grid_thw, return_dict=True)
+    return list(output.pooler_output)

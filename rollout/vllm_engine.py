@@ -1,0 +1,133 @@
+"""vLLM as the rollout engine, in the training process, fed cached video embeddings.
+
+Facts this relies on (vLLM 0.32, measured; see ../shared/ENVIRONMENT.md):
+- ``LLM(..., enable_mm_embeds=True)`` accepts ``{"video": {"video_embeds", "video_grid_thw",
+  "second_per_grid_ts"}}``; with ``second_per_grid_ts`` the positions, greedy tokens and
+  log-probs equal those of the raw-frames path (without it vLLM assumes 1 s per patch).
+- ``logprobs=0`` returns the log-probability of each sampled token; the default
+  ``logprobs_mode="raw_logprobs"`` reports them before temperature and top-p, i.e. under the
+  model's own distribution, which is what the trainer computes.
+- Live weight update: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``,
+  then reset the prefix cache and the encoder cache (without the encoder-cache reset the next
+  request on the same video killed the engine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+
+log = logging.getLogger(__name__)
+
+# In-process engine: starts in ~3 s instead of ~16 s and shares the trainer's memory space,
+# which `weights_iterator` updates need. The CPU build also needs an explicit KV-cache size.
+CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+class VLLMEngine:
+    """A colocated vLLM engine.
+
+    Args:
+        model_path: HF model directory (the SFT export, for RL).
+        dtype: ``float32`` (exact agreement with the trainer on CPU) or ``bfloat16``.
+        max_model_len: longest prompt + completion, in tokens.
+        max_num_seqs: sequences decoded together.
+        gpu_memory_utilization: GPU share for weights + KV cache (ignored on CPU).
+        enable_sleep_mode: free the KV cache between rollouts (GPU only).
+        seed: engine seed.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        max_num_seqs: int = 64,
+        gpu_memory_utilization: float = 0.4,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+    ) -> None:
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            for key, value in CPU_ENV_DEFAULTS.items():
+                os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = {}
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        self.sleep_supported = on_gpu and enable_sleep_mode
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=not on_gpu,
+            limit_mm_per_prompt={"image": 0, "video": 1},
+            enable_mm_embeds=True,
+            seed=seed,
+            **kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+
+    @staticmethod
+    def _prompt(request: RolloutRequest) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_ids)}
+        if request.video is not None:
+            video = request.video
+            prompt["multi_modal_data"] = {
+                "video": {
+                    "video_embeds": video.embeds.detach().float().cpu(),
+                    "video_grid_thw": video.grid_thw.reshape(1, 3).cpu(),
+                    "second_per_grid_ts": torch.tensor([video.second_per_grid], dtype=torch.float32),
+                }
+            }
+        return prompt
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            seed=sampling.seed,
+        )
+        outputs = self.llm.generate([self._prompt(r) for r in requests], params, use_tqdm=False)
+        results = []
+        for output in outputs:
+            completions = []
+            for sample in output.outputs:
+                ids = list(sample.token_ids)
+                assert sample.logprobs is not None
+                logprobs = [
+                    float(position[token].logprob)
+                    for token, position in zip(ids, sample.logprobs, strict=True)
+                ]
+                completions.append(Completion(ids, logprobs, sample.text, str(sample.finish_reason)))
+            results.append(RolloutResult(list(output.prompt_token_ids), completions))
+        return results
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new policy weights (HF parameter names) into the running engine."""
+        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        # Cached prefixes and encoder outputs were computed with the old weights.
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+
+    def sleep(self) -> None:
+        if self.sleep_supported:
+            self.llm.sleep(level=1)
+
+    def wake(self) -> None:
+        if self.sleep_supported:
+            self.llm.wake_up()
