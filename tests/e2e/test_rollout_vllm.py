@@ -63,7 +63,7 @@ def _trainer_logprobs(model, processor, result, video: VideoEmbedding) -> torch.
 def test_cached_embeddings_match_raw_frames(setup) -> None:
     from vllm import SamplingParams
 
-    processor, _, prompt, request, engine = setup
+    _, _, _, request, engine = setup
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=0)
     raw = engine.llm.generate(
         [{"prompt_token_ids": request.prompt_ids, "multi_modal_data": {"video": (FRAMES, METADATA)}}],
@@ -109,3 +109,27 @@ def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
         engine_logprobs[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
     assert ((new_scores - engine_logprobs).abs() * mask).max().item() < 1e-4
     assert ((old_scores - engine_logprobs).abs() * mask).max().item() > 1e-2
+
+
+def test_transformers_engine_agrees_with_vllm(setup, tiny_model_dir: Path) -> None:
+    """Same prompt, cached embeddings and position rule: greedy ids and log-probs agree."""
+    from rollout.hf_engine import TransformersEngine
+
+    processor, _, _, request, _ = setup
+    fresh_engine = VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=1024, max_num_seqs=8)
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=12)
+    (from_vllm,) = fresh_engine.generate([request], greedy)
+    hf_engine = TransformersEngine(load_model(tiny_model_dir), processor.tokenizer)
+    (from_hf,) = hf_engine.generate([request], greedy)
+    assert from_hf.prompt_ids == from_vllm.prompt_ids
+    assert from_hf.completions[0].token_ids == from_vllm.completions[0].token_ids
+    np.testing.assert_allclose(from_hf.completions[0].logprobs, from_vllm.completions[0].logprobs, atol=1e-4)
+    # Sampling: G completions, each scored by the trainer exactly as the engine reported.
+    (sampled,) = hf_engine.generate(
+        [request], SamplingConfig(n=3, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=1)
+    )
+    scored, mask = _trainer_logprobs(hf_engine.model, processor, sampled, request.video)
+    reported = torch.zeros_like(scored)
+    for i, completion in enumerate(sampled.completions):
+        reported[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    assert ((scored - reported).abs() * mask).max().item() < 1e-4

@@ -1,0 +1,153 @@
+"""A rollout engine on plain transformers, for machines without vLLM (and as a cross-check).
+
+It samples with the policy module itself (no copy, so ``update_weights`` has nothing to do),
+from cached video embeddings, with the same position rule as the trainer and vLLM
+(:mod:`models.positions`): prefill once, then decode token by token on the KV cache, each
+new token one position past the largest so far. Much slower than vLLM; correct, not fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from models.positions import mrope_positions_1d
+from rollout.base import (
+    Completion,
+    RolloutRequest,
+    RolloutResult,
+    SamplingConfig,
+    expand_video_placeholders,
+    num_visual_tokens,
+)
+
+
+def _sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs >= sampling.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class TransformersEngine:
+    """Samples completions with a HF VLM, batched over the G completions of one prompt.
+
+    Args:
+        model: the policy (``Qwen2_5_VLForConditionalGeneration``-like) to sample from.
+        tokenizer: its tokenizer (for the special token ids and decoded text).
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: object) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        self.stop_ids = {
+            tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        }
+        vision_config = model.config.vision_config
+        self.spatial_merge_size = int(vision_config.spatial_merge_size)
+        self.tokens_per_second = float(vision_config.tokens_per_second)
+
+    @torch.no_grad()
+    def _generate_one(
+        self, request: RolloutRequest, sampling: SamplingConfig, seed: int | None
+    ) -> RolloutResult:
+        model = self.model
+        device = next(model.parameters()).device
+        video = request.video
+        counts = [num_visual_tokens(video.grid_thw, self.spatial_merge_size)] if video is not None else []
+        prompt = expand_video_placeholders(request.prompt_ids, self.video_token_id, counts)
+        n = sampling.n
+        ids = torch.tensor([prompt] * n, device=device)
+        embeddings = model.get_input_embeddings()(ids)
+        flags = [t == self.video_token_id for t in prompt]
+        if video is not None:
+            slots = torch.tensor(flags, device=device).expand(n, -1)
+            cached = video.embeds.to(device=device, dtype=embeddings.dtype).repeat(n, 1)
+            embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), cached)
+        grids = video.grid_thw.reshape(1, 3) if video is not None else torch.zeros(0, 3)
+        seconds = torch.tensor([video.second_per_grid if video is not None else 0.0])[: len(grids)]
+        positions, delta = mrope_positions_1d(
+            flags,
+            grids,
+            seconds,
+            spatial_merge_size=self.spatial_merge_size,
+            tokens_per_second=self.tokens_per_second,
+        )
+        attention = torch.ones(n, len(prompt), dtype=torch.long, device=device)
+        out = model(
+            inputs_embeds=embeddings,
+            attention_mask=attention,
+            position_ids=positions.to(device).unsqueeze(1).expand(3, n, -1),
+            use_cache=True,
+        )
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, (1,))))
+        next_position = len(prompt) + delta
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        done = [False] * n
+        logits = out.logits[:, -1]
+        past = out.past_key_values
+        for _ in range(sampling.max_new_tokens):
+            chosen = _sample(logits, sampling, generator)
+            # Log-probs under the model's own distribution (temperature 1), as vLLM reports them.
+            chosen_logprobs = (
+                torch.log_softmax(logits.float(), dim=-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+            )
+            for i in range(n):
+                if not done[i]:
+                    tokens[i].append(int(chosen[i]))
+                    logprobs[i].append(float(chosen_logprobs[i]))
+                    done[i] = int(chosen[i]) in self.stop_ids
+            if all(done):
+                break
+            attention = torch.cat([attention, torch.ones(n, 1, dtype=torch.long, device=device)], dim=1)
+            step_positions = torch.full((3, n, 1), next_position, dtype=torch.long, device=device)
+            out = model(
+                inputs_embeds=model.get_input_embeddings()(chosen.unsqueeze(-1)),
+                attention_mask=attention,
+                position_ids=step_positions,
+                past_key_values=past,
+                use_cache=True,
+            )
+            logits, past = out.logits[:, -1], out.past_key_values
+            next_position += 1
+        completions = [
+            Completion(
+                t,
+                lp,
+                self.tokenizer.decode(t, skip_special_tokens=True),
+                "stop" if t and t[-1] in self.stop_ids else "length",
+            )
+            for t, lp in zip(tokens, logprobs, strict=True)
+        ]
+        return RolloutResult(prompt, completions)
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return [
+                self._generate_one(r, sampling, None if sampling.seed is None else sampling.seed + i)
+                for i, r in enumerate(requests)
+            ]
+        finally:
+            self.model.train(was_training)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Nothing to do: this engine samples with the policy module itself."""
+
+    def sleep(self) -> None:
+        """Nothing to free: no separate KV cache outlives a call."""
+
+    def wake(self) -> None:
+        """See :meth:`sleep`."""
