@@ -18,8 +18,6 @@ from datamodules.prompts import assistant_target, chat_messages
 from datamodules.stream import VideoQASample
 
 IGNORE_INDEX = -100
-# Values of ``mm_token_type_ids``, which Qwen2.5-VL needs to build its 3-D (M-RoPE) positions.
-TEXT_TOKEN, IMAGE_TOKEN, VIDEO_TOKEN = 0, 1, 2
 
 
 def video_metadata(sample: VideoQASample) -> dict[str, Any]:
@@ -57,7 +55,9 @@ class VideoQACollator:
     problem_id, category, answer, options). With ``with_targets`` it adds the teacher-forcing
     layout (prompt + target, right-padded) with ``labels`` that are ``-100`` outside the
     assistant tokens; with ``with_generation_prompts`` it adds the prompt alone, left-padded,
-    for batched generation (``prompt_*`` keys).
+    for generation (``prompt_*`` keys). ``video_mask`` marks the video slots of the prompt
+    (a target that happens to contain the placeholder id is still text): the model module
+    turns it into M-RoPE positions with :mod:`models.positions`.
     """
 
     def __init__(
@@ -72,13 +72,6 @@ class VideoQACollator:
             raise ValueError("the tokenizer has no pad token")
         self.end_of_turn = "<|im_end|>"
         self.video_token_id = self.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-        self.image_token_id = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-
-    def mm_token_type_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        types = torch.full_like(input_ids, TEXT_TOKEN, dtype=torch.int32)
-        types[input_ids == self.image_token_id] = IMAGE_TOKEN
-        types[input_ids == self.video_token_id] = VIDEO_TOKEN
-        return types
 
     def encode_prompt(self, sample: VideoQASample) -> dict[str, Any]:
         prompt = self.processor.apply_chat_template(
@@ -126,9 +119,13 @@ class VideoQACollator:
             batch["input_ids"] = _pad(full, self.pad_id, "right")
             batch["attention_mask"] = _pad([torch.ones_like(f) for f in full], 0, "right")
             batch["labels"] = _pad(labels, IGNORE_INDEX, "right")
-            batch["mm_token_type_ids"] = self.mm_token_type_ids(batch["input_ids"])
+            video_slots = [
+                torch.cat([p == self.video_token_id, torch.zeros_like(t, dtype=torch.bool)])
+                for p, t in zip(prompts, targets, strict=True)
+            ]
+            batch["video_mask"] = _pad(video_slots, 0, "right")
         if self.with_generation_prompts:
             batch["prompt_input_ids"] = _pad(prompts, self.pad_id, "left")
             batch["prompt_attention_mask"] = _pad([torch.ones_like(p) for p in prompts], 0, "left")
-            batch["prompt_mm_token_type_ids"] = self.mm_token_type_ids(batch["prompt_input_ids"])
+            batch["prompt_video_mask"] = _pad([p == self.video_token_id for p in prompts], 0, "left")
         return batch

@@ -17,10 +17,11 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from models.loading import load_model, load_processor
 from models.metrics import MultipleChoiceScores, format_accuracy_table
-from models.vision import vision_tower
+from models.positions import mrope_position_ids
+from models.vision import encode_videos, vision_tower
 from rewards.parsing import follows_format, response_choice
-
-VIDEO_INPUT_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
+from rollout.hf_engine import TransformersEngine
 
 
 class VLMModule(L.LightningModule):
@@ -90,15 +91,29 @@ class VLMModule(L.LightningModule):
             self._processor = load_processor(self.hparams.model_path)
         return self._processor
 
+    def position_ids(self, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
+        """M-RoPE positions of a batch layout under the rule rollouts use (:mod:`models.positions`)."""
+        assert self.model is not None
+        vision_config = self.model.config.vision_config
+        return mrope_position_ids(
+            batch[f"{prefix}video_mask"],
+            batch[f"{prefix}attention_mask"],
+            batch["video_grid_thw"],
+            batch["second_per_grid_ts"],
+            spatial_merge_size=int(vision_config.spatial_merge_size),
+            tokens_per_second=float(vision_config.tokens_per_second),
+        )
+
     def forward_logits(self, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
         """Logits of the teacher-forcing layout (``prefix='prompt_'`` for the prompt-only layout)."""
         assert self.model is not None
         out = self.model(
             input_ids=batch[f"{prefix}input_ids"],
             attention_mask=batch[f"{prefix}attention_mask"],
-            mm_token_type_ids=batch[f"{prefix}mm_token_type_ids"],
+            position_ids=self.position_ids(batch, prefix),
+            pixel_values_videos=batch["pixel_values_videos"],
+            video_grid_thw=batch["video_grid_thw"],
             use_cache=False,
-            **{k: batch[k] for k in VIDEO_INPUT_KEYS},
         )
         return out.logits
 
@@ -132,21 +147,26 @@ class VLMModule(L.LightningModule):
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def generate_answers(self, batch: dict[str, Any], max_new_tokens: int | None = None) -> list[str]:
-        """Greedy completions for the prompt-only layout of a batch."""
+        """Greedy completions of the prompts of a batch.
+
+        Decoded by :class:`~rollout.hf_engine.TransformersEngine` from the video encoded once,
+        with the position rule of training and rollout, so evaluation sees the model exactly as
+        the RL stage will (HF ``generate`` would use transformers' own, different rule).
+        """
         assert self.model is not None
-        tokenizer = self.processor.tokenizer
-        prompt_ids = batch["prompt_input_ids"]
-        generated = self.model.generate(
-            input_ids=prompt_ids,
-            attention_mask=batch["prompt_attention_mask"],
-            mm_token_type_ids=batch["prompt_mm_token_type_ids"],
-            max_new_tokens=max_new_tokens or self.hparams.max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            **{k: batch[k] for k in VIDEO_INPUT_KEYS},
+        engine = TransformersEngine(self.model, self.processor.tokenizer)
+        videos = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
+        requests = []
+        for row, embeds in enumerate(videos):
+            valid = batch["prompt_attention_mask"][row].bool()
+            video = VideoEmbedding(
+                embeds, batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row])
+            )
+            requests.append(RolloutRequest(batch["prompt_input_ids"][row][valid].tolist(), video))
+        greedy = SamplingConfig(
+            n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
         )
-        return tokenizer.batch_decode(generated[:, prompt_ids.shape[1] :], skip_special_tokens=True)
+        return [result.completions[0].text for result in engine.generate(requests, greedy)]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         completions = self.generate_answers(batch)

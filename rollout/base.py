@@ -104,10 +104,16 @@ def expand_video_placeholders(
 ) -> list[int]:
     """Repeat each video placeholder as many times as the video has visual tokens.
 
+    A prompt that is already expanded (as many placeholders as visual tokens) is returned as is.
+
     >>> expand_video_placeholders([1, 9, 2], 9, [3])
+    [1, 9, 9, 9, 2]
+    >>> expand_video_placeholders([1, 9, 9, 9, 2], 9, [3])
     [1, 9, 9, 9, 2]
     """
     placeholders = sum(1 for t in prompt_ids if t == video_token_id)
+    if placeholders == sum(tokens_per_video):
+        return list(prompt_ids)
     if placeholders != len(tokens_per_video):
         raise ValueError(f"{placeholders} video placeholders but {len(tokens_per_video)} videos")
     out: list[int] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoProcessor
 
-from datamodules.collate import IGNORE_INDEX, VIDEO_TOKEN, VideoQACollator
+from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.prompts import assistant_target
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
@@ -48,7 +48,9 @@ def test_video_tokens_and_metadata(tiny_model_dir: Path, synth_dir: Path) -> Non
     assert grid.shape == (len(samples), 3) and grid.tolist()[0] == [4, 4, 4]  # 8 frames of 56x56
     merged_tokens_per_video = (grid.prod(-1) // 4).tolist()
     for i in range(len(samples)):
-        assert int((batch["mm_token_type_ids"][i] == VIDEO_TOKEN).sum()) == merged_tokens_per_video[i]
+        assert int(batch["video_mask"][i].sum()) == merged_tokens_per_video[i]
+        assert int(batch["prompt_video_mask"][i].sum()) == merged_tokens_per_video[i]
+        assert not batch["video_mask"][i][batch["labels"][i] != IGNORE_INDEX].any()
     # 20 frames at 2 fps = 10 s; 8 sampled frames -> 0.8 fps -> a temporal patch (2 frames) spans 2.5 s.
     torch.testing.assert_close(batch["second_per_grid_ts"], torch.full((len(samples),), 2.5))
     assert batch["pixel_values_videos"].shape[0] == int(grid.prod(-1).sum())

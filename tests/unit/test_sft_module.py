@@ -67,3 +67,42 @@ def test_warmup_then_constant_learning_rate(tiny_model_dir: Path) -> None:
         SFTModule(str(tiny_model_dir), lr_schedule="cosine").configure_optimizers()
     with pytest.raises(ValueError, match="lr_schedule"):
         SFTModule(str(tiny_model_dir), lr_schedule="linear")
+
+
+def test_sft_forward_scores_like_the_rl_scorer(tiny_model_dir: Path, batch: dict) -> None:
+    """SFT teacher forcing and RL scoring see the same layout and positions: same log-probs."""
+    from models.logprobs import build_scoring_batch, completion_logprobs
+    from models.vision import encode_videos
+    from rollout.base import VideoEmbedding
+
+    module = SFTModule(str(tiny_model_dir))
+    module.configure_model()
+    model = module.model.eval()
+    tokenizer = module.processor.tokenizer
+    with torch.no_grad():
+        logits = module.forward_logits(batch).float()
+        videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
+    prompts, targets, embeddings = [], [], []
+    for row in range(batch["input_ids"].shape[0]):
+        labelled = batch["labels"][row] != -100
+        start = int(labelled.nonzero()[0])
+        prompts.append(batch["input_ids"][row][:start].tolist())
+        targets.append(batch["input_ids"][row][labelled].tolist())
+        embeddings.append(
+            VideoEmbedding(videos[row], batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row]))
+        )
+    scoring = build_scoring_batch(
+        prompts,
+        targets,
+        embeddings,
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        spatial_merge_size=2,
+        tokens_per_second=float(model.config.vision_config.tokens_per_second),
+    )
+    with torch.no_grad():
+        scored = completion_logprobs(model, scoring, videos)
+    for row, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
+        sft = torch.log_softmax(logits[row, len(prompt) - 1 : len(prompt) - 1 + len(target)], dim=-1)
+        sft = sft.gather(-1, torch.tensor(target).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(scored[row, : len(target)], sft, atol=1e-5, rtol=1e-5)
