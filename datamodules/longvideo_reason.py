@@ -134,7 +134,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> EpochAwareDataLoader:
-        return self._loader("train", self.hparams.batch_size, VideoQACollator(self.processor))
+        # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
+        collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
+        return self._loader("train", self.hparams.batch_size, collator)
 
     def _eval_loader(self, split: str) -> EpochAwareDataLoader:
         collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)

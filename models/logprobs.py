@@ -84,12 +84,17 @@ def build_scoring_batch(
 
 
 def completion_logprobs(
-    model: torch.nn.Module, batch: ScoringBatch, video_embeds: Sequence[torch.Tensor]
+    model: torch.nn.Module,
+    batch: ScoringBatch,
+    video_embeds: Sequence[torch.Tensor],
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(batch, max_completion_len)`` log-probs of the completion tokens (0 where masked).
 
     ``video_embeds`` are the cached encodings, in row order (one per row that has a video).
     Gradients flow into the language model; into the embeddings only if they require grad.
+    If ``entropy`` (a tensor shaped like the result) is given, it is filled, without
+    gradient, with the entropy of the model's next-token distribution at each completion token.
     """
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
@@ -114,5 +119,9 @@ def completion_logprobs(
         # Position t predicts token t + 1: the completion starts at `start`, predicted from start - 1.
         step_logits = logits[i, start - 1 : start - 1 + n].float()
         targets = batch.completion_ids[i, :n].to(device)
-        out[i, :n] = torch.log_softmax(step_logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        log_probs = torch.log_softmax(step_logits, dim=-1)
+        out[i, :n] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if entropy is not None:
+            with torch.no_grad():
+                entropy[i, :n] = -(log_probs.exp() * log_probs).sum(-1)
     return out

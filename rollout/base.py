@@ -121,3 +121,17 @@ def expand_video_placeholders(
     for token in prompt_ids:
         out.extend([token] * next(counts) if token == video_token_id else [token])
     return out
+
+
+def collapse_video_placeholders(prompt_ids: Sequence[int], video_token_id: int) -> list[int]:
+    """Undo :func:`expand_video_placeholders`: each run of placeholders becomes one.
+
+    >>> collapse_video_placeholders([1, 9, 9, 9, 2], 9)
+    [1, 9, 2]
+    """
+    out: list[int] = []
+    for token in prompt_ids:
+        if token == video_token_id and out and out[-1] == video_token_id:
+            continue
+        out.append(token)
+    return out

@@ -1,0 +1,134 @@
+"""GRPO end to end on the tiny model: `lvrl fit` with each rollout engine, and the encode-once rule."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import lightning as L
+import pytest
+import yaml
+from conftest import REPO_ROOT
+from test_sft_cli import run_cli
+
+EXPECTED_METRICS = (
+    "reward/accuracy_mean",
+    "reward/accuracy_std",
+    "reward/format_mean",
+    "reward/format_std",
+    "reward/total_mean",
+    "rollout/accuracy",
+    "rollout/format_rate",
+    "rollout/response_length_mean",
+    "rollout/zero_variance_group_fraction",
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+    "train/loss",
+    "train/clip_fraction",
+    "train/ref_kl",
+    "train/entropy",
+    "time/rollout_s",
+    "time/train_s",
+    "time/weight_sync_s",
+)
+
+
+def tiny_grpo_config(tmp_path: Path, engine: str) -> Path:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo.yaml").read_text())
+    rollout = config["trainer"]["callbacks"][0]
+    assert rollout["class_path"] == "callbacks.rl_rollout.RolloutCallback"
+    rollout["init_args"].update(
+        engine=engine, num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
+    )
+    path = tmp_path / f"grpo-{engine}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("engine", ["vllm", "transformers"])
+def test_three_grpo_steps_log_every_metric(
+    engine: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    run_cli(
+        "fit",
+        "--config",
+        str(tiny_grpo_config(tmp_path, engine)),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.init_args.model_path",
+        str(tiny_model_dir),
+        "--model.init_args.kl_coef",
+        "0.01",
+        "--model.init_args.learning_rate",
+        "1e-3",
+        "--data.init_args.train_shards",
+        str(synth_dir / "train-*.tar"),
+        "--data.init_args.val_shards",
+        str(synth_dir / "val-*.tar"),
+        "--data.init_args.num_frames",
+        "8",
+        "--data.init_args.batch_size",
+        "2",
+        "--data.init_args.num_workers",
+        "0",
+    )
+    with next(run_dir.glob("csv/version_*/metrics.csv")).open() as f:
+        rows = list(csv.DictReader(f))
+    for metric in EXPECTED_METRICS:
+        values = [float(r[metric]) for r in rows if r.get(metric)]
+        assert len(values) == 3, f"{metric}: {values}"
+    # Trainer and engine score the same sampled tokens alike (float32, same layout and positions).
+    assert max(float(r["rollout/logprob_diff_max"]) for r in rows if r.get("rollout/logprob_diff_max")) < 1e-3
+    samples = [json.loads(line) for line in (run_dir / "rollout_samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 * 2 * 4 and {"completion", "reward", "answer"} <= samples[0].keys()
+    assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "hf" / "config.json").exists()
+
+
+def test_vision_tower_runs_once_per_prompt_per_step(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    from callbacks.rl_rollout import RolloutCallback
+    from datamodules.longvideo_reason import LongVideoReasonDataModule
+    from models.grpo import GRPOModule
+    from models.vision import vision_tower
+
+    calls = []
+
+    class CountVisionCalls(L.Callback):
+        def on_fit_start(self, trainer, pl_module) -> None:
+            def count(module, args, kwargs, output) -> None:
+                videos = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
+                calls.extend([trainer.global_step] * len(videos))
+
+            vision_tower(pl_module.model).register_forward_hook(count, with_kwargs=True)
+
+    steps, prompts, generations = 2, 2, 4
+    module = GRPOModule(str(tiny_model_dir), learning_rate=1e-3, kl_coef=0.01, max_new_tokens=8)
+    data = LongVideoReasonDataModule(
+        train_shards=str(synth_dir / "train-*.tar"),
+        processor_path=str(tiny_model_dir),
+        num_frames=8,
+        batch_size=prompts,
+        num_workers=0,
+    )
+    rollout = RolloutCallback(engine="transformers", num_generations=generations, max_new_tokens=8)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        callbacks=[CountVisionCalls(), rollout],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(module, datamodule=data)
+    # One encoding per prompt per step, shared by the G rollouts, the reference and the policy pass.
+    assert calls == [0] * prompts + [1] * prompts
+    assert rollout.vision_calls == steps * prompts
