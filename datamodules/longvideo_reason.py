@@ -57,6 +57,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         shuffle_buffer: training samples held for shuffling (shard order is shuffled too).
         seed: seed of the per-epoch shuffles.
         sequence_parallel_size: ranks that share one sample (they must read the same shards).
+        worker_start_method: how dataloader workers start: ``spawn`` (safe) or ``fork`` (starts
+            faster, but a worker forked after an in-process vLLM engine has bound its OpenMP
+            threads deadlocks, so keep ``spawn`` for RL).
     """
 
     def __init__(
@@ -73,8 +76,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         shuffle_buffer: int = 256,
         seed: int = 0,
         sequence_parallel_size: int = 1,
+        worker_start_method: str = "spawn",
     ) -> None:
         super().__init__()
+        if worker_start_method not in ("spawn", "fork", "forkserver"):
+            raise ValueError(f"worker_start_method must be spawn, fork or forkserver: {worker_start_method}")
         self.save_hyperparameters()
         self.skipped = SkipCounter()
         self._processor: Any = None
@@ -131,6 +137,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             collate_fn=collator,
             # Decoding is the slow part: let each worker run a couple of batches ahead.
             prefetch_factor=2 if workers > 0 else None,
+            multiprocessing_context=self.hparams.worker_start_method if workers > 0 else None,
         )
 
     def train_dataloader(self) -> EpochAwareDataLoader:

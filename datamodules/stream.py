@@ -42,11 +42,13 @@ class VideoQASample:
 class SkipCounter:
     """A count of rejected samples that dataloader worker processes add to.
 
-    Backed by shared memory, so workers (forked or spawned) and the main process see one number.
+    Backed by shared memory, so workers and the main process see one number. Created in the
+    spawn context: such a lock can be handed to spawned workers and inherited by forked ones
+    (a fork-context lock cannot go to spawned workers).
     """
 
     def __init__(self) -> None:
-        self._value = multiprocessing.get_context().Value("q", 0)
+        self._value = multiprocessing.get_context("spawn").Value("q", 0)
 
     def add(self, count: int = 1) -> None:
         with self._value.get_lock():

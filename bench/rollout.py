@@ -1,0 +1,137 @@
+"""Rollout benchmarks, measured side by side in one run (this machine is noisy: read the ratios).
+
+1. Engine throughput: completion tokens per second of the vLLM engine vs the transformers
+   engine on the same video prompt (G completions, cached video embeddings).
+2. RL step time with the video encoded once and cached (lvrl's path: one vision-tower pass,
+   then G rollouts, the reference pass and the policy pass all reuse the embeddings) vs
+   re-encoding it for every rollout and every pass (the vision tower runs G + 2 times).
+
+Usage: python bench/rollout.py [--presets tiny small] [--frames 64 256] [--generations 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+from datamodules.synthetic import SynthConfig, make_sample
+from models.build import build_model_dir
+from models.loading import load_model, load_processor
+from models.logprobs import build_scoring_batch, completion_logprobs
+from models.vision import encode_videos
+from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
+from rollout.hf_engine import TransformersEngine
+
+
+def video_inputs(processor, frames: int):
+    config = SynthConfig(num_frames=frames, fps=2.0, size=56)
+    row, pixels = make_sample(config, "test", 0)
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": row.problem}]}]
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    metadata = {
+        "fps": 2.0,
+        "total_num_frames": frames,
+        "frames_indices": list(range(frames)),
+        "duration": frames / 2,
+    }
+    encoded = processor(text=[prompt], videos=[pixels], video_metadata=[metadata], return_tensors="pt")
+    return prompt, encoded
+
+
+def timed(fn, repeats: int = 2) -> tuple[float, object]:
+    fn()  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        result = fn()
+    return (time.perf_counter() - start) / repeats, result
+
+
+def rl_step(
+    model, processor, encoded, result, video: VideoEmbedding, reencode: bool, generations: int
+) -> None:
+    """Reference + policy passes (forward and backward of the policy) on the G completions."""
+    tokenizer = processor.tokenizer
+    config = model.config.vision_config
+    rows = len(result.completions)
+    batch = build_scoring_batch(
+        [result.prompt_ids] * rows,
+        [c.token_ids for c in result.completions],
+        [video] * rows,
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        spatial_merge_size=int(config.spatial_merge_size),
+        tokens_per_second=float(config.tokens_per_second),
+    )
+
+    def embeds() -> list[torch.Tensor]:
+        if not reencode:
+            return [video.embeds] * rows
+        # Re-encoding: the vision tower runs again for this pass.
+        (fresh,) = encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
+        return [fresh] * rows
+
+    with torch.no_grad():
+        completion_logprobs(model, batch, embeds())  # reference pass
+    model.zero_grad()
+    completion_logprobs(model, batch, embeds()).sum().backward()  # policy pass
+
+
+def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, preset: str) -> str:
+    prompt, encoded = video_inputs(processor, frames)
+    with torch.no_grad():
+        encode_s, (embeds,) = timed(
+            lambda: encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
+        )
+    video = VideoEmbedding(embeds, encoded["video_grid_thw"][0], float(encoded["second_per_grid_ts"][0]))
+    request = RolloutRequest(processor.tokenizer.encode(prompt, add_special_tokens=False), video)
+    vllm_s, (vllm_result,) = timed(lambda: vllm.generate([request], sampling))
+    hf_s, (hf_result,) = timed(lambda: hf.generate([request], sampling), repeats=1)
+    vllm_rate = sum(len(c.token_ids) for c in vllm_result.completions) / vllm_s
+    hf_rate = sum(len(c.token_ids) for c in hf_result.completions) / hf_s
+    cached_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False))
+    reencode_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, True))
+    # Rollouts: cached = one encoding, then G samples; re-encoded = G encodings + G samples.
+    cached_step = encode_s + vllm_s + cached_s
+    reencode_step = sampling.n * encode_s + vllm_s + reencode_s
+    return (
+        f"{preset:5s} {frames:4d} frames ({int(embeds.shape[0])} video tokens), G={sampling.n}: "
+        f"vLLM {vllm_rate:7.0f} tok/s vs transformers {hf_rate:6.0f} tok/s -> x{vllm_rate / hf_rate:.1f}; "
+        f"RL step cached {cached_step:.2f} s vs re-encoding {reencode_step:.2f} s "
+        f"-> x{reencode_step / cached_step:.2f} (vision tower {encode_s * 1000:.0f} ms per pass)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--frames", nargs="+", type=int, default=[64, 256])
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    args = parser.parse_args()
+    from rollout.vllm_engine import VLLMEngine
+
+    sampling = SamplingConfig(n=args.generations, temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for preset in args.presets:
+            model_dir = build_model_dir(preset, Path(tmp) / preset)
+            processor = load_processor(model_dir)
+            model = load_model(model_dir)
+            max_len = max(args.frames) * 4 + 512
+            vllm = VLLMEngine(str(model_dir), max_model_len=max_len, max_num_seqs=args.generations)
+            hf = TransformersEngine(model, processor.tokenizer)
+            for frames in args.frames:
+                print(measure(model, processor, vllm, hf, frames, sampling, preset), flush=True)
+
+
+if __name__ == "__main__":
+    main()
