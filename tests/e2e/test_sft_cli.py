@@ -101,11 +101,9 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
 
     # The exported HF directory is the trained model, and transformers and vLLM agree on it.
     export = run_dir / "hf"
-    assert (
-        ((export / "config.json").exists()
-        and (export / "preprocessor_config.json").exists())
-        or (export / "processor_config.json").exists()
-    )
+    assert ((export / "config.json").exists() and (export / "preprocessor_config.json").exists()) or (
+        export / "processor_config.json"
+    ).exists()
     state = torch.load(last, weights_only=False)["state_dict"]
     from models.loading import load_model
 
