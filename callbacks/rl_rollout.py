@@ -170,7 +170,7 @@ class RolloutCallback(Callback):
         for i, completion in enumerate(completions):
             old[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
         batch["rollout"] = RolloutBatch(
-            scoring, [v.embeds for v in videos for _ in range(g)], old, advantages, row_mask
+            scoring, [v.embeds for v in videos for _ in range(g)], old, advantages, row_mask, g
         )
         self._log_rollout(pl_module, breakdown, texts, fields, completions, flat_rows, g, rollout_time)
         if self.log_samples_every_n_steps and trainer.global_step % self.log_samples_every_n_steps == 0:

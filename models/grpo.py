@@ -21,6 +21,7 @@ import torch
 from models.loading import load_model
 from models.logprobs import ScoringBatch, completion_logprobs
 from models.rl.losses import policy_loss
+from models.vision import encode_videos
 from models.vlm_module import VLMModule
 
 
@@ -37,6 +38,8 @@ class RolloutBatch:
     """``(rows,)`` group-relative advantages."""
     row_mask: torch.Tensor
     """``(rows,)`` 1.0 for rows that train (0 for groups removed by zero-variance filtering)."""
+    group_size: int
+    """G: rows ``[k*G, (k+1)*G)`` are the completions of prompt k."""
 
 
 class GRPOModule(VLMModule):
@@ -103,7 +106,13 @@ class GRPOModule(VLMModule):
             -1
         )
         entropy = torch.zeros(rollout.scoring.completion_mask.shape, device=self.device)
-        logprobs = completion_logprobs(self.model, rollout.scoring, rollout.video_embeds, entropy=entropy)
+        video_embeds = rollout.video_embeds
+        if not self.hparams.freeze_vision:
+            # A trainable vision tower needs gradients through the encoding: encode again, with
+            # grad, once per prompt (the cached, grad-free encoding served the rollouts).
+            fresh = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
+            video_embeds = [e for e in fresh for _ in range(rollout.group_size)]
+        logprobs = completion_logprobs(self.model, rollout.scoring, video_embeds, entropy=entropy)
         old = rollout.old_logprobs.to(self.device)
         reference = None
         if self.reference is not None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
 import yaml
 from conftest import REPO_ROOT
 from test_sft_cli import run_cli
@@ -132,3 +134,47 @@ def test_vision_tower_runs_once_per_prompt_per_step(
     # One encoding per prompt per step, shared by the G rollouts, the reference and the policy pass.
     assert calls == [0] * prompts + [1] * prompts
     assert rollout.vision_calls == steps * prompts
+
+
+def test_trainable_vision_tower_is_re_encoded_with_grad(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from callbacks.rl_rollout import RolloutCallback
+    from datamodules.longvideo_reason import LongVideoReasonDataModule
+    from models.grpo import GRPOModule
+    from models.vision import vision_tower
+
+    calls, grads = [], []
+
+    class Watch(L.Callback):
+        def on_fit_start(self, trainer, pl_module) -> None:
+            vision_tower(pl_module.model).register_forward_hook(
+                lambda *_: calls.append(torch.is_grad_enabled())
+            )
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            grads.append(any(p.grad is not None for p in vision_tower(pl_module.model).parameters()))
+
+    module = GRPOModule(str(tiny_model_dir), learning_rate=1e-3, freeze_vision=False, max_new_tokens=8)
+    data = LongVideoReasonDataModule(
+        train_shards=str(synth_dir / "train-*.tar"),
+        processor_path=str(tiny_model_dir),
+        num_frames=8,
+        batch_size=2,
+        num_workers=0,
+    )
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[Watch(), RolloutCallback(engine="transformers", num_generations=2, max_new_tokens=8)],
+    )
+    with caplog.at_level(logging.WARNING, logger="callbacks.rl_rollout"):
+        trainer.fit(module, datamodule=data)
+    assert "re-encodes" in caplog.text
+    assert calls == [False, True]  # cached encoding without grad, then the policy pass with grad
+    assert grads == [True]
