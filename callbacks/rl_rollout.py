@@ -22,9 +22,15 @@ from models.grpo import GRPOModule, RolloutBatch
 from models.logprobs import build_scoring_batch
 from models.rl.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
 from models.vision import encode_videos
-from rewards.combine import RewardSpec, compute_rewards, default_reward_specs
+from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs
 from rewards.parsing import follows_format, response_choice
-from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding, collapse_video_placeholders
+from rollout.base import (
+    Completion,
+    RolloutRequest,
+    SamplingConfig,
+    VideoEmbedding,
+    collapse_video_placeholders,
+)
 
 log = logging.getLogger(__name__)
 
@@ -172,13 +178,20 @@ class RolloutCallback(Callback):
         batch["rollout"] = RolloutBatch(
             scoring, [v.embeds for v in videos for _ in range(g)], old, advantages, row_mask, g
         )
-        self._log_rollout(pl_module, breakdown, texts, fields, completions, flat_rows, g, rollout_time)
+        self._log_rollout(pl_module, breakdown, texts, fields, completions, flat_rows, rollout_time)
         if self.log_samples_every_n_steps and trainer.global_step % self.log_samples_every_n_steps == 0:
             self._write_samples(trainer, meta, texts, breakdown.total)
         self._train_started = time.perf_counter()
 
     def _log_rollout(
-        self, pl_module, breakdown, texts, fields, completions, flat_rows, g, rollout_time
+        self,
+        pl_module: L.LightningModule,
+        breakdown: RewardBreakdown,
+        texts: list[str],
+        fields: dict[str, list[Any]],
+        completions: list[Completion],
+        flat_rows: torch.Tensor,
+        rollout_time: float,
     ) -> None:
         n = len(texts)
         for name, values in breakdown.per_function.items():
@@ -199,7 +212,9 @@ class RolloutCallback(Callback):
         pl_module.log("rollout/zero_variance_group_fraction", flat_rows.float().mean(), batch_size=n)
         pl_module.log("time/rollout_s", rollout_time, batch_size=n)
 
-    def _write_samples(self, trainer: L.Trainer, meta, texts, rewards) -> None:
+    def _write_samples(
+        self, trainer: L.Trainer, meta: list[dict[str, Any]], texts: list[str], rewards: list[float]
+    ) -> None:
         if not trainer.is_global_zero:
             return
         path = Path(trainer.default_root_dir) / "rollout_samples.jsonl"
