@@ -13,22 +13,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+# Run as `python bench/rollout.py`, Python puts bench/ first on sys.path, where this file would
+# shadow the `rollout` package it benchmarks.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-from datamodules.synthetic import SynthConfig, make_sample
-from models.build import build_model_dir
-from models.loading import load_model, load_processor
-from models.logprobs import build_scoring_batch, completion_logprobs
-from models.vision import encode_videos
-from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
-from rollout.hf_engine import TransformersEngine
+from datamodules.synthetic import SynthConfig, make_sample  # noqa: E402 (after the sys.path fix)
+from models.build import build_model_dir  # noqa: E402 (after the sys.path fix)
+from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
+from models.logprobs import build_scoring_batch, completion_logprobs  # noqa: E402 (after the sys.path fix)
+from models.vision import encode_videos  # noqa: E402 (after the sys.path fix)
+from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding  # noqa: E402 (after the sys.path fix)
+from rollout.hf_engine import TransformersEngine  # noqa: E402 (after the sys.path fix)
 
 
 def video_inputs(processor, frames: int):
@@ -54,9 +58,7 @@ def timed(fn, repeats: int = 2) -> tuple[float, object]:
     return (time.perf_counter() - start) / repeats, result
 
 
-def rl_step(
-    model, processor, encoded, result, video: VideoEmbedding, reencode: bool, generations: int
-) -> None:
+def rl_step(model, processor, encoded, result, video: VideoEmbedding, reencode: bool) -> None:
     """Reference + policy passes (forward and backward of the policy) on the G completions."""
     tokenizer = processor.tokenizer
     config = model.config.vision_config
