@@ -154,7 +154,7 @@ class RolloutCallback(Callback):
         fields = {
             "answer": [m["answer"] for m in meta],
             "options": [m["options"] for m in meta],
-            "problem_type": ["multiple choice" if m["options"] else "open-ended" for m in meta],
+            "problem_type": [m["problem_type"] for m in meta],
             "category": [m["category"] for m in meta],
         }
         breakdown = compute_rewards(self.reward_specs, texts, fields)

@@ -52,7 +52,7 @@ class VideoQACollator:
     """Collates :class:`VideoQASample` lists into a batch dict.
 
     Always returns the video tensors and ``meta`` (one dict per sample: key, shard,
-    problem_id, category, answer, options). With ``with_targets`` it adds the teacher-forcing
+    problem_id, category, answer, options, problem_type). With ``with_targets`` it adds the teacher-forcing
     layout (prompt + target, right-padded) with ``labels`` that are ``-100`` outside the
     assistant tokens; with ``with_generation_prompts`` it adds the prompt alone, left-padded,
     for generation (``prompt_*`` keys). ``video_mask`` marks the video slots of the prompt
@@ -105,6 +105,7 @@ class VideoQACollator:
                     "category": s.row.category,
                     "answer": s.row.answer,
                     "options": list(s.row.options),
+                    "problem_type": s.row.problem_type,
                 }
                 for s in samples
             ],
