@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT
-from test_sft_cli import run_cli
+from test_sft_cli import logged, run_cli, tiny_data_args
 
 EXPECTED_METRICS = (
     "reward/accuracy_mean",
@@ -69,24 +68,13 @@ def test_three_grpo_steps_log_every_metric(
         "0.01",
         "--model.init_args.learning_rate",
         "1e-3",
-        "--data.init_args.train_shards",
-        str(synth_dir / "train-*.tar"),
-        "--data.init_args.val_shards",
-        str(synth_dir / "val-*.tar"),
-        "--data.init_args.num_frames",
-        "8",
-        "--data.init_args.batch_size",
-        "2",
-        "--data.init_args.num_workers",
-        "0",
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
     )
-    with next(run_dir.glob("csv/version_*/metrics.csv")).open() as f:
-        rows = list(csv.DictReader(f))
     for metric in EXPECTED_METRICS:
-        values = [float(r[metric]) for r in rows if r.get(metric)]
+        values = logged(run_dir, metric)
         assert len(values) == 3, f"{metric}: {values}"
     # Trainer and engine score the same sampled tokens alike (float32, same layout and positions).
-    assert max(float(r["rollout/logprob_diff_max"]) for r in rows if r.get("rollout/logprob_diff_max")) < 1e-3
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) < 1e-3
     samples = [json.loads(line) for line in (run_dir / "rollout_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 * 2 * 4 and {"completion", "reward", "answer"} <= samples[0].keys()
     assert (run_dir / "checkpoints" / "last.ckpt").exists() and (run_dir / "hf" / "config.json").exists()

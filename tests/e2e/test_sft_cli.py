@@ -57,17 +57,19 @@ def fit_args(run_dir: Path, model_dir: Path, train: str, val: str, max_steps: in
         "4",
         "--model.init_args.lr_schedule",
         "constant",
-        "--data.init_args.train_shards",
-        train,
-        "--data.init_args.val_shards",
-        val,
-        "--data.init_args.num_frames",
-        "8",
-        "--data.init_args.batch_size",
-        "2",
-        "--data.init_args.num_workers",
-        "0",
+        *tiny_data_args(train, val),
     ]
+
+
+def tiny_data_args(train: str, val: str) -> list[str]:
+    """Data overrides shared by the CLI tests: the given shards, 8 frames, batches of 2, no workers."""
+    return [
+        "--data.init_args.train_shards", train,
+        "--data.init_args.val_shards", val,
+        "--data.init_args.num_frames", "8",
+        "--data.init_args.batch_size", "2",
+        "--data.init_args.num_workers", "0",
+    ]  # fmt: skip
 
 
 def logged(run_dir: Path, metric: str) -> list[float]:
