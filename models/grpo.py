@@ -5,10 +5,16 @@ completions per prompt from the engine, scored them and computed advantages; her
 (and, with a KL term, the frozen reference) scores the same tokens in the engine's layout and
 positions with the cached video embeddings, and the clipped surrogate is minimised.
 
+One training step is one rollout batch and ``num_iterations`` optimizer updates on it (manual
+optimization: Lightning's ``global_step`` counts updates, so ``trainer.max_steps`` and the
+learning-rate schedule are in updates). Each update accumulates gradients over micro-batches of
+``micro_batch_rows`` rows; the loss normalisers are those of the whole rollout, so the
+micro-batched update equals the full-batch one.
+
 Departures from the paper's released code: the trainer uses the engine's exact token layout
 and M-RoPE positions (the release fell back to 1-D positions in training), and the old-policy
-log-probs are the engine's own (one policy update per rollout, so they are the behaviour
-policy's); their gap to the trainer's is logged every step as ``rollout/logprob_diff_*``.
+log-probs are the engine's own, i.e. the behaviour policy's, for every iteration; their gap
+to the trainer's first-iteration log-probs is logged every step as ``rollout/logprob_diff_*``.
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ class GRPOModule(VLMModule):
         kl_kind: KL estimator: ``k1``, ``k2`` or ``k3`` (low-variance KL).
         loss_aggregation: ``token_mean``, ``seq_mean_token_mean`` or ``seq_mean_token_sum`` (Dr.GRPO).
         ratio_level: ``token`` (GRPO) or ``sequence`` (GSPO).
+        num_iterations: optimizer updates per rollout batch (GRPO's mu); the ratio of every
+            update is taken against the engine's (behaviour-policy) log-probs.
+        micro_batch_rows: completions per forward/backward pass (gradient accumulation inside an
+            update; bounds activation memory); None puts the whole rollout in one pass.
+        max_grad_norm: clip the gradient norm of each update to this (None: no clipping). It
+            replaces ``trainer.gradient_clip_val``, which Lightning forbids with manual optimization.
     """
 
     def __init__(
@@ -75,6 +87,9 @@ class GRPOModule(VLMModule):
         kl_kind: str = "k3",
         loss_aggregation: str = "token_mean",
         ratio_level: str = "token",
+        num_iterations: int = 1,
+        micro_batch_rows: int | None = None,
+        max_grad_norm: float | None = 1.0,
     ) -> None:
         super().__init__(
             model_path,
@@ -89,6 +104,14 @@ class GRPOModule(VLMModule):
             dtype,
             attn_implementation,
         )
+        if num_iterations < 1:
+            raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
+        if micro_batch_rows is not None and micro_batch_rows < 1:
+            raise ValueError(f"micro_batch_rows must be >= 1 or null, got {micro_batch_rows}")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0 or null, got {max_grad_norm}")
+        # Several optimizer updates per batch: the step drives the optimizer itself.
+        self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None
 
     def configure_model(self) -> None:
@@ -99,32 +122,80 @@ class GRPOModule(VLMModule):
             # Kept out of the module tree: not trained, not checkpointed, not moved by optimizers.
             object.__setattr__(self, "reference", reference)
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         rollout: RolloutBatch = batch["rollout"]
         assert self.model is not None
-        mask = rollout.scoring.completion_mask.to(self.device) * rollout.row_mask.to(self.device).unsqueeze(
-            -1
-        )
-        entropy = torch.zeros(rollout.scoring.completion_mask.shape, device=self.device)
-        video_embeds = rollout.video_embeds
-        if not self.hparams.freeze_vision:
-            # A trainable vision tower needs gradients through the encoding: encode again, with
-            # grad, once per prompt (the cached, grad-free encoding served the rollouts).
-            fresh = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
-            video_embeds = [e for e in fresh for _ in range(rollout.group_size)]
-        logprobs = completion_logprobs(self.model, rollout.scoring, video_embeds, entropy=entropy)
-        old = rollout.old_logprobs.to(self.device)
-        reference = None
-        if self.reference is not None:
-            with torch.no_grad():
-                reference = completion_logprobs(
-                    self.reference.to(self.device), rollout.scoring, rollout.video_embeds
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        rows = int(rollout.row_mask.shape[0])
+        mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
+        chunks = micro_batches(rows, self.hparams.micro_batch_rows)
+        normalizers = loss_normalizers(mask, self.hparams.loss_aggregation)
+        references = self._reference_logprobs(rollout, chunks)
+        totals: dict[str, torch.Tensor] = {}
+        for iteration in range(self.hparams.num_iterations):
+            for (start, stop), reference in zip(chunks, references, strict=True):
+                stats = self._accumulate_gradients(
+                    rollout, batch, start, stop, mask, normalizers, reference, first_iteration=iteration == 0
                 )
+                for name, value in stats.items():
+                    merge = torch.maximum if name == "gap_max" else torch.add
+                    totals[name] = merge(totals[name], value) if name in totals else value
+            self._optimizer_update(optimizer, scheduler, totals)
+        self._log_step(totals, rows)
+
+    # -- pieces of the step ------------------------------------------------------------------
+    def _reference_logprobs(
+        self, rollout: RolloutBatch, chunks: list[tuple[int, int]]
+    ) -> list[torch.Tensor | None]:
+        """Frozen-reference log-probs per micro-batch, computed once for all iterations."""
+        if self.reference is None:
+            return [None] * len(chunks)
+        reference = self.reference.to(self.device)
+        with torch.no_grad():
+            return [
+                completion_logprobs(reference, rollout.scoring.rows(a, b), rollout.video_embeds[a:b])
+                for a, b in chunks
+            ]
+
+    def _video_embeds(self, rollout: RolloutBatch, batch: dict[str, Any], start: int, stop: int) -> list:
+        if self.hparams.freeze_vision:
+            return rollout.video_embeds[start:stop]
+        # A trainable vision tower needs gradients through the encoding: encode again, with grad,
+        # the prompts of this micro-batch (the cached, grad-free encoding served the rollouts).
+        g = rollout.group_size
+        first, last = start // g, (stop - 1) // g + 1
+        grids = batch["video_grid_thw"]
+        patches = grids.prod(dim=-1).tolist()
+        offset = sum(patches[:first])
+        pixels = batch["pixel_values_videos"][offset : offset + sum(patches[first:last])]
+        fresh = encode_videos(self.model, pixels, grids[first:last])
+        return [fresh[row // g - first] for row in range(start, stop)]
+
+    def _accumulate_gradients(
+        self,
+        rollout: RolloutBatch,
+        batch: dict[str, Any],
+        start: int,
+        stop: int,
+        mask: torch.Tensor,
+        normalizers: dict[str, float],
+        reference: torch.Tensor | None,
+        first_iteration: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Forward + backward of rows ``[start, stop)``; returns token-weighted statistics."""
+        scoring = rollout.scoring.rows(start, stop)
+        chunk_mask = mask[start:stop].to(self.device)
+        entropy = torch.zeros(chunk_mask.shape, device=self.device)
+        logprobs = completion_logprobs(
+            self.model, scoring, self._video_embeds(rollout, batch, start, stop), entropy=entropy
+        )
+        old = rollout.old_logprobs[start:stop].to(self.device)
         loss, stats = policy_loss(
             logprobs,
             old,
-            rollout.advantages.to(self.device),
-            mask,
+            rollout.advantages[start:stop].to(self.device),
+            chunk_mask,
             clip_low=self.hparams.clip_low,
             clip_high=self.hparams.clip_high,
             dual_clip=self.hparams.dual_clip,
@@ -133,17 +204,63 @@ class GRPOModule(VLMModule):
             kl_coef=self.hparams.kl_coef,
             ref_logprobs=reference,
             kl_kind=self.hparams.kl_kind,
+            **normalizers,
         )
-        rows = int(rollout.row_mask.shape[0])
-        for name, value in stats.items():
-            self.log(f"train/{name}", value, batch_size=rows)
-        self.log("train/loss", loss.detach(), prog_bar=True, batch_size=rows)
-        valid = rollout.scoring.completion_mask.to(self.device).bool()
-        if valid.any():
-            gap = (logprobs.detach() - old).abs()[valid]
-            # Trainer vs engine on the same sampled tokens: should be ~1e-5 in float32.
-            self.log("rollout/logprob_diff_mean", gap.mean(), batch_size=rows)
-            self.log("rollout/logprob_diff_max", gap.max(), batch_size=rows)
-            self.log("train/entropy", entropy[valid].mean(), batch_size=rows)
+        self.manual_backward(loss)
+        # Means over this chunk's tokens become sums weighted by its token count; the aggregated
+        # loss terms are already this chunk's share of the whole-rollout loss.
+        tokens = chunk_mask.bool().sum()
+        out = {name: value * tokens for name, value in stats.items() if name not in ("pg_loss", "kl_loss")}
+        out.update(pg_loss=stats["pg_loss"], kl_loss=stats["kl_loss"], loss=loss.detach(), tokens=tokens)
+        if first_iteration:
+            # Trainer vs engine on the same sampled tokens (before any update of this batch).
+            valid = scoring.completion_mask.to(self.device).bool()
+            gap = torch.where(valid, (logprobs.detach() - old).abs(), 0.0)
+            out.update(
+                gap_sum=gap.sum(),
+                gap_max=gap.max(),
+                entropy_sum=entropy[valid].sum(),
+                sampled_tokens=valid.sum(),
+            )
+        return out
+
+    def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
+        params = [p for p in self.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+        grad_norm = grad_norm.detach()
+        totals["grad_norm"] = totals["grad_norm"] + grad_norm if "grad_norm" in totals else grad_norm
+        if self.hparams.max_grad_norm is not None:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+
+    def _log_step(self, totals: dict[str, torch.Tensor], rows: int) -> None:
+        """Statistics averaged over the step's updates (token-weighted within an update)."""
+        updates = self.hparams.num_iterations
+        tokens = totals["tokens"].clamp(min=1)
+        for name in ("clip_fraction", "dual_clip_fraction", "ratio_mean", "approx_kl", "ref_kl"):
+            self.log(f"train/{name}", totals[name] / tokens, batch_size=rows)
+        for name in ("pg_loss", "kl_loss", "grad_norm"):
+            self.log(f"train/{name}", totals[name] / updates, batch_size=rows)
+        self.log("train/loss", totals["loss"] / updates, prog_bar=True, batch_size=rows)
+        sampled = totals["sampled_tokens"].clamp(min=1)
+        self.log("rollout/logprob_diff_mean", totals["gap_sum"] / sampled, batch_size=rows)
+        self.log("rollout/logprob_diff_max", totals["gap_max"], batch_size=rows)
+        self.log("train/entropy", totals["entropy_sum"] / sampled, batch_size=rows)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=rows)
-        return loss
+
+
+def micro_batches(rows: int, micro_batch_rows: int | None) -> list[tuple[int, int]]:
+    """``[start, stop)`` row ranges of at most ``micro_batch_rows`` rows covering ``rows``."""
+    size = micro_batch_rows or rows
+    return [(start, min(start + size, rows)) for start in range(0, rows, size)]
+
+
+def loss_normalizers(mask: torch.Tensor, aggregation: str) -> dict[str, float]:
+    """Whole-rollout token or sequence count, so micro-batch losses add up to the full-batch loss."""
+    if aggregation == "token_mean":
+        return {"token_count_normalizer": float(mask.bool().sum())}
+    return {"seq_count_normalizer": float((mask.bool().sum(dim=-1) > 0).sum())}

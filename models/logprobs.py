@@ -34,6 +34,18 @@ class ScoringBatch:
     completion_mask: torch.Tensor
     """``(batch, max_completion_len)``, 1.0 at real completion tokens."""
 
+    def rows(self, start: int, stop: int) -> ScoringBatch:
+        """Rows ``[start, stop)`` (a micro-batch); padding columns are kept."""
+        return ScoringBatch(
+            self.input_ids[start:stop],
+            self.attention_mask[start:stop],
+            self.video_mask[start:stop],
+            self.position_ids[:, start:stop],
+            self.prompt_lengths[start:stop],
+            self.completion_ids[start:stop],
+            self.completion_mask[start:stop],
+        )
+
 
 def build_scoring_batch(
     prompt_ids: Sequence[Sequence[int]],

@@ -1,0 +1,113 @@
+"""The GRPO update: micro-batched gradient accumulation and several updates per rollout batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from callbacks.rl_rollout import RolloutCallback
+from datamodules.longvideo_reason import LongVideoReasonDataModule
+from models.grpo import GRPOModule
+from rewards.combine import RewardSpec
+from rewards.registry import register
+
+
+@register("test_completion_length")
+def completion_length(completions: list[str], **_: Any) -> list[float]:
+    """A reward that varies within a group even for an untrained model, so advantages are not 0."""
+    return [len(text) / 10.0 for text in completions]
+
+
+class Record(L.Callback):
+    """Keeps the completions each step trained on and the gradients of every optimizer update."""
+
+    def __init__(self) -> None:
+        self.completions: list[torch.Tensor] = []
+        self.gradients: list[dict[str, torch.Tensor]] = []
+        self.global_steps_at_batch_start: list[int] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.completions.append(batch["rollout"].scoring.completion_ids.clone())
+        self.global_steps_at_batch_start.append(trainer.global_step)
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
+        self.gradients.append(
+            {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+        )
+
+
+def fit_grpo(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path, steps: int, **module_args: Any) -> Record:
+    L.seed_everything(0)
+    module = GRPOModule(
+        str(tiny_model_dir), learning_rate=1e-3, max_new_tokens=8, max_grad_norm=None, **module_args
+    )
+    data = LongVideoReasonDataModule(
+        train_shards=str(synth_dir / "train-*.tar"),
+        processor_path=str(tiny_model_dir),
+        num_frames=8,
+        batch_size=2,
+        num_workers=0,
+    )
+    record = Record()
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        # The rollout callback comes first, so `Record` sees the rollout it put in the batch.
+        callbacks=[
+            RolloutCallback(
+                engine="transformers",
+                num_generations=3,
+                max_new_tokens=8,
+                rewards=[RewardSpec("test_completion_length", 1.0)],
+            ),
+            record,
+        ],
+    )
+    trainer.fit(module, datamodule=data)
+    return record
+
+
+def test_micro_batches_accumulate_the_full_batch_gradient(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    # Trainable vision tower: micro-batches of 2 rows cut prompt groups of 3 (rows 0-1, 2-3, 4-5),
+    # so each micro-batch re-encodes the videos of the prompts it touches.
+    common = {"freeze_vision": False, "kl_coef": 0.05}
+    for aggregation in ("token_mean", "seq_mean_token_mean"):
+        whole = fit_grpo(
+            tiny_model_dir, synth_dir, tmp_path / "whole", 1, loss_aggregation=aggregation, **common
+        )
+        micro = fit_grpo(
+            tiny_model_dir,
+            synth_dir,
+            tmp_path / "micro",
+            1,
+            loss_aggregation=aggregation,
+            micro_batch_rows=2,
+            **common,
+        )
+        assert torch.equal(whole.completions[0], micro.completions[0])  # the same rollout
+        (full,), (accumulated,) = whole.gradients, micro.gradients
+        assert full.keys() == accumulated.keys() and any("visual" in name for name in full)
+        assert any(grad.abs().sum() > 0 for grad in full.values())
+        for name, grad in full.items():
+            torch.testing.assert_close(accumulated[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_several_updates_per_rollout_batch(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    record = fit_grpo(tiny_model_dir, synth_dir, tmp_path, 4, num_iterations=2)
+    # max_steps counts optimizer updates: 4 updates = 2 rollout batches of 2 updates each.
+    assert record.global_steps_at_batch_start == [0, 2]
+    assert len(record.gradients) == 4
+    # The second update of a batch starts from moved weights, so its gradient differs from the
+    # first (the ratio to the engine's log-probs is no longer 1).
+    first, second = record.gradients[0], record.gradients[1]
+    assert any(not torch.allclose(first[n], second[n]) for n in first)
