@@ -2,7 +2,8 @@
 
 ``lvrl fit|validate|test|predict`` go to LightningCLI (every argument documented by
 ``--help``, configs as YAML with ``class_path``/``init_args``); ``lvrl data ...`` and
-``lvrl model ...`` are plain tools (data synthesis, shard building, model building, export).
+``lvrl model ...`` and ``lvrl report ...`` are plain tools (data synthesis, shard building, model
+building, export, plots and tables of finished runs).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 # Tool groups and the modules that implement them, imported only when used (start-up stays fast).
-TOOL_GROUPS = {"data": "app.commands.data", "model": "app.commands.model"}
+TOOL_GROUPS = {"data": "app.commands.data", "model": "app.commands.model", "report": "app.commands.report"}
 
 
 def run_tool(argv: Sequence[str]) -> None:
