@@ -47,6 +47,15 @@ class LvrlCLI(LightningCLI):
         run_dir = config.trainer.default_root_dir or os.getcwd()
         config.trainer = _substitute(config.trainer, RUN_DIR_TOKEN, str(run_dir))
 
+    def before_fit(self) -> None:
+        # Lightning's own error for this names neither the module nor the replacement setting.
+        if not self.model.automatic_optimization and self.trainer.gradient_clip_val:
+            raise ValueError(
+                f"{type(self.model).__name__} runs its own optimizer updates: remove "
+                f"trainer.gradient_clip_val={self.trainer.gradient_clip_val} and set "
+                "model.init_args.max_grad_norm instead"
+            )
+
 
 def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
     return LvrlCLI(

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: build the small model and the synthetic data if missing, CoT-SFT, evaluate.
+# `make demo`: build the small model and the synthetic data if missing, CoT-SFT, evaluate, GRPO
+# from the SFT export, evaluate again, then print accuracy per category before and after GRPO
+# and plot the reward curve.
 set -euo pipefail
 run_dir=${1:-runs/demo}
 data_dir=${DATA_DIR:-data/synth}
 lvrl=.venv/bin/lvrl
 export WANDB_MODE=${WANDB_MODE:-offline}
 start=$(date +%s)
+data_args=(--data.init_args.train_shards "$data_dir/train-*.tar" --data.init_args.val_shards "$data_dir/val-*.tar")
 
 if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data synth --out "$data_dir"
@@ -14,15 +17,30 @@ if [ ! -f "$run_dir/model-small/config.json" ]; then
   "$lvrl" model build --preset small --out "$run_dir/model-small" --corpus "$data_dir"/train-00000.tar
 fi
 
+# Evaluate an exported Hugging Face directory on the whole validation split.
+evaluate() {
+  "$lvrl" validate --config configs/demo/sft.yaml \
+    --trainer.default_root_dir "$2" --trainer.limit_val_batches null \
+    --model.init_args.model_path "$1" "${data_args[@]}"
+}
+
+echo "== stage 1: CoT-SFT"
 "$lvrl" fit --config configs/demo/sft.yaml \
   --trainer.default_root_dir "$run_dir/sft" \
-  --model.init_args.model_path "$run_dir/model-small" \
-  --data.init_args.train_shards "$data_dir/train-*.tar" --data.init_args.val_shards "$data_dir/val-*.tar"
+  --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
+evaluate "$run_dir/sft/hf" "$run_dir/sft-eval"
+sft_done=$(date +%s)
 
-# Evaluate the exported Hugging Face directory on the whole validation split.
-"$lvrl" validate --config configs/demo/sft.yaml \
-  --trainer.default_root_dir "$run_dir/sft-eval" --trainer.limit_val_batches null \
-  --model.init_args.model_path "$run_dir/sft/hf" \
-  --data.init_args.val_shards "$data_dir/val-*.tar"
+echo "== stage 2: GRPO from the SFT export"
+"$lvrl" fit --config configs/demo/grpo.yaml \
+  --trainer.default_root_dir "$run_dir/grpo" \
+  --model.init_args.model_path "$run_dir/sft/hf" "${data_args[@]}"
+evaluate "$run_dir/grpo/hf" "$run_dir/grpo-eval"
 
-echo "demo finished in $(( $(date +%s) - start )) s"
+echo "== validation accuracy (greedy answers, whole validation split)"
+"$lvrl" report compare --run "after SFT=$run_dir/sft-eval" --run "after GRPO=$run_dir/grpo-eval" \
+  --out "$run_dir/accuracy.md"
+"$lvrl" report curve --run "$run_dir/grpo" --metric reward/total_mean --metric rollout/accuracy \
+  --smooth 20 --out "$run_dir/grpo_reward.png"
+end=$(date +%s)
+echo "demo finished in $((end - start)) s (SFT + eval $((sft_done - start)) s, GRPO + eval $((end - sft_done)) s)"
