@@ -127,26 +127,32 @@ class GRPOModule(VLMModule):
         assert self.model is not None
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
-        rows = int(rollout.row_mask.shape[0])
+        total_rows = int(rollout.row_mask.shape[0])
         mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
-        chunks = micro_batches(rows, self.hparams.micro_batch_rows)
         normalizers = loss_normalizers(mask, self.hparams.loss_aggregation)
+        trained = rows_that_train(rollout.advantages, rollout.row_mask, self.hparams.kl_coef)
+        chunks = micro_batches(trained, self.hparams.micro_batch_rows)
         references = self._reference_logprobs(rollout, chunks)
         totals: dict[str, torch.Tensor] = {}
         for iteration in range(self.hparams.num_iterations):
-            for (start, stop), reference in zip(chunks, references, strict=True):
+            for rows, reference in zip(chunks, references, strict=True):
                 stats = self._accumulate_gradients(
-                    rollout, batch, start, stop, mask, normalizers, reference, first_iteration=iteration == 0
+                    rollout, batch, rows, mask, normalizers, reference, first_iteration=iteration == 0
                 )
-                for name, value in stats.items():
-                    merge = torch.maximum if name == "gap_max" else torch.add
-                    totals[name] = merge(totals[name], value) if name in totals else value
+                merge_stats(totals, stats)
             self._optimizer_update(optimizer, scheduler, totals)
-        self._log_step(totals, rows)
+        if not trained:
+            # Nothing trains this step (e.g. every group scored alike): still measure the
+            # engine-trainer gap and the entropy, without gradient, on every row.
+            with torch.no_grad():
+                for rows in micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows):
+                    merge_stats(totals, self._diagnostics(rollout, batch, rows))
+        self.log("train/trained_row_fraction", len(trained) / total_rows, batch_size=total_rows)
+        self._log_step(totals, total_rows)
 
     # -- pieces of the step ------------------------------------------------------------------
     def _reference_logprobs(
-        self, rollout: RolloutBatch, chunks: list[tuple[int, int]]
+        self, rollout: RolloutBatch, chunks: list[list[int]]
     ) -> list[torch.Tensor | None]:
         """Frozen-reference log-probs per micro-batch, computed once for all iterations."""
         if self.reference is None:
@@ -154,47 +160,47 @@ class GRPOModule(VLMModule):
         reference = self.reference.to(self.device)
         with torch.no_grad():
             return [
-                completion_logprobs(reference, rollout.scoring.rows(a, b), rollout.video_embeds[a:b])
-                for a, b in chunks
+                completion_logprobs(
+                    reference, rollout.scoring.select(rows), [rollout.video_embeds[i] for i in rows]
+                )
+                for rows in chunks
             ]
 
-    def _video_embeds(self, rollout: RolloutBatch, batch: dict[str, Any], start: int, stop: int) -> list:
+    def _video_embeds(self, rollout: RolloutBatch, batch: dict[str, Any], rows: list[int]) -> list:
         if self.hparams.freeze_vision:
-            return rollout.video_embeds[start:stop]
+            return [rollout.video_embeds[i] for i in rows]
         # A trainable vision tower needs gradients through the encoding: encode again, with grad,
         # the prompts of this micro-batch (the cached, grad-free encoding served the rollouts).
         g = rollout.group_size
-        first, last = start // g, (stop - 1) // g + 1
+        prompts = sorted({row // g for row in rows})
         grids = batch["video_grid_thw"]
-        patches = grids.prod(dim=-1).tolist()
-        offset = sum(patches[:first])
-        pixels = batch["pixel_values_videos"][offset : offset + sum(patches[first:last])]
-        fresh = encode_videos(self.model, pixels, grids[first:last])
-        return [fresh[row // g - first] for row in range(start, stop)]
+        offsets = [0, *grids.prod(dim=-1).cumsum(0).tolist()]
+        pixels = torch.cat([batch["pixel_values_videos"][offsets[k] : offsets[k + 1]] for k in prompts])
+        fresh = encode_videos(self.model, pixels, grids[prompts])
+        return [fresh[prompts.index(row // g)] for row in rows]
 
     def _accumulate_gradients(
         self,
         rollout: RolloutBatch,
         batch: dict[str, Any],
-        start: int,
-        stop: int,
+        rows: list[int],
         mask: torch.Tensor,
         normalizers: dict[str, float],
         reference: torch.Tensor | None,
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
-        """Forward + backward of rows ``[start, stop)``; returns token-weighted statistics."""
-        scoring = rollout.scoring.rows(start, stop)
-        chunk_mask = mask[start:stop].to(self.device)
+        """Forward + backward of the given rows; returns token-weighted statistics."""
+        scoring = rollout.scoring.select(rows)
+        chunk_mask = mask[rows].to(self.device)
         entropy = torch.zeros(chunk_mask.shape, device=self.device)
         logprobs = completion_logprobs(
-            self.model, scoring, self._video_embeds(rollout, batch, start, stop), entropy=entropy
+            self.model, scoring, self._video_embeds(rollout, batch, rows), entropy=entropy
         )
-        old = rollout.old_logprobs[start:stop].to(self.device)
+        old = rollout.old_logprobs[rows].to(self.device)
         loss, stats = policy_loss(
             logprobs,
             old,
-            rollout.advantages[start:stop].to(self.device),
+            rollout.advantages[rows].to(self.device),
             chunk_mask,
             clip_low=self.hparams.clip_low,
             clip_high=self.hparams.clip_high,
@@ -213,23 +219,26 @@ class GRPOModule(VLMModule):
         out = {name: value * tokens for name, value in stats.items() if name not in ("pg_loss", "kl_loss")}
         out.update(pg_loss=stats["pg_loss"], kl_loss=stats["kl_loss"], loss=loss.detach(), tokens=tokens)
         if first_iteration:
-            # Trainer vs engine on the same sampled tokens (before any update of this batch).
-            valid = scoring.completion_mask.to(self.device).bool()
-            gap = torch.where(valid, (logprobs.detach() - old).abs(), 0.0)
-            out.update(
-                gap_sum=gap.sum(),
-                gap_max=gap.max(),
-                entropy_sum=entropy[valid].sum(),
-                sampled_tokens=valid.sum(),
-            )
+            # Before any update of this batch, so trainer and engine score the same policy.
+            out.update(gap_statistics(logprobs, old, scoring.completion_mask, entropy))
         return out
 
+    def _diagnostics(self, rollout: RolloutBatch, batch: dict[str, Any], rows: list[int]) -> dict:
+        scoring = rollout.scoring.select(rows)
+        entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
+        logprobs = completion_logprobs(
+            self.model, scoring, [rollout.video_embeds[i] for i in rows], entropy=entropy
+        )
+        old = rollout.old_logprobs[rows].to(self.device)
+        return gap_statistics(logprobs, old, scoring.completion_mask, entropy)
+
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
+        # Stepped even when no row trained (no gradients: the weights stay), so that
+        # global_step, the schedule and max_steps keep counting updates.
         params = [p for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-        grad_norm = grad_norm.detach()
-        totals["grad_norm"] = totals["grad_norm"] + grad_norm if "grad_norm" in totals else grad_norm
-        if self.hparams.max_grad_norm is not None:
+        merge_stats(totals, {"grad_norm": grad_norm.detach()})
+        if self.hparams.max_grad_norm is not None and params:
             self.clip_gradients(
                 optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
             )
@@ -240,12 +249,13 @@ class GRPOModule(VLMModule):
     def _log_step(self, totals: dict[str, torch.Tensor], rows: int) -> None:
         """Statistics averaged over the step's updates (token-weighted within an update)."""
         updates = self.hparams.num_iterations
-        tokens = totals["tokens"].clamp(min=1)
+        zero = torch.zeros(())
+        tokens = totals.get("tokens", zero).clamp(min=1)
         for name in ("clip_fraction", "dual_clip_fraction", "ratio_mean", "approx_kl", "ref_kl"):
-            self.log(f"train/{name}", totals[name] / tokens, batch_size=rows)
+            self.log(f"train/{name}", totals.get(name, zero) / tokens, batch_size=rows)
         for name in ("pg_loss", "kl_loss", "grad_norm"):
-            self.log(f"train/{name}", totals[name] / updates, batch_size=rows)
-        self.log("train/loss", totals["loss"] / updates, prog_bar=True, batch_size=rows)
+            self.log(f"train/{name}", totals.get(name, zero) / updates, batch_size=rows)
+        self.log("train/loss", totals.get("loss", zero) / updates, prog_bar=True, batch_size=rows)
         sampled = totals["sampled_tokens"].clamp(min=1)
         self.log("rollout/logprob_diff_mean", totals["gap_sum"] / sampled, batch_size=rows)
         self.log("rollout/logprob_diff_max", totals["gap_max"], batch_size=rows)
@@ -253,10 +263,24 @@ class GRPOModule(VLMModule):
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=rows)
 
 
-def micro_batches(rows: int, micro_batch_rows: int | None) -> list[tuple[int, int]]:
-    """``[start, stop)`` row ranges of at most ``micro_batch_rows`` rows covering ``rows``."""
-    size = micro_batch_rows or rows
-    return [(start, min(start + size, rows)) for start in range(0, rows, size)]
+def rows_that_train(advantages: torch.Tensor, row_mask: torch.Tensor, kl_coef: float) -> list[int]:
+    """Rows whose policy pass can change the update.
+
+    A row filtered out (``row_mask`` 0) has no valid token. A row with advantage 0 adds
+    exactly 0 to the policy-gradient term (every per-token loss is a multiple of A), so
+    without a KL term its forward and backward are skipped; the loss normalisers still count
+    its tokens, so the update is unchanged. With a KL term every unfiltered row trains.
+    """
+    keep = row_mask > 0
+    if kl_coef == 0.0:
+        keep &= advantages != 0
+    return keep.nonzero().flatten().tolist()
+
+
+def micro_batches(rows: list[int], micro_batch_rows: int | None) -> list[list[int]]:
+    """``rows`` cut into consecutive runs of at most ``micro_batch_rows`` (all in one when None)."""
+    size = micro_batch_rows or max(1, len(rows))
+    return [rows[start : start + size] for start in range(0, len(rows), size)]
 
 
 def loss_normalizers(mask: torch.Tensor, aggregation: str) -> dict[str, float]:
@@ -264,3 +288,24 @@ def loss_normalizers(mask: torch.Tensor, aggregation: str) -> dict[str, float]:
     if aggregation == "token_mean":
         return {"token_count_normalizer": float(mask.bool().sum())}
     return {"seq_count_normalizer": float((mask.bool().sum(dim=-1) > 0).sum())}
+
+
+def gap_statistics(
+    logprobs: torch.Tensor, old: torch.Tensor, completion_mask: torch.Tensor, entropy: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Sums behind ``rollout/logprob_diff_*`` (trainer vs engine on the sampled tokens) and the entropy."""
+    valid = completion_mask.to(logprobs.device).bool()
+    gap = torch.where(valid, (logprobs.detach() - old).abs(), 0.0)
+    return {
+        "gap_sum": gap.sum(),
+        "gap_max": gap.max(),
+        "entropy_sum": entropy[valid].sum(),
+        "sampled_tokens": valid.sum(),
+    }
+
+
+def merge_stats(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
+    """Add ``stats`` into ``totals`` (maxima for ``gap_max``)."""
+    for name, value in stats.items():
+        merge = torch.maximum if name == "gap_max" else torch.add
+        totals[name] = merge(totals[name], value) if name in totals else value

@@ -34,16 +34,17 @@ class ScoringBatch:
     completion_mask: torch.Tensor
     """``(batch, max_completion_len)``, 1.0 at real completion tokens."""
 
-    def rows(self, start: int, stop: int) -> ScoringBatch:
-        """Rows ``[start, stop)`` (a micro-batch); padding columns are kept."""
+    def select(self, rows: Sequence[int]) -> ScoringBatch:
+        """The given rows, in that order (a micro-batch, or the rows that train); padding columns are kept."""
+        index = torch.as_tensor(list(rows), dtype=torch.long)
         return ScoringBatch(
-            self.input_ids[start:stop],
-            self.attention_mask[start:stop],
-            self.video_mask[start:stop],
-            self.position_ids[:, start:stop],
-            self.prompt_lengths[start:stop],
-            self.completion_ids[start:stop],
-            self.completion_mask[start:stop],
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.video_mask[index],
+            self.position_ids[:, index],
+            [self.prompt_lengths[i] for i in index.tolist()],
+            self.completion_ids[index],
+            self.completion_mask[index],
         )
 
 

@@ -111,3 +111,43 @@ def test_several_updates_per_rollout_batch(tiny_model_dir: Path, synth_dir: Path
     # first (the ratio to the engine's log-probs is no longer 1).
     first, second = record.gradients[0], record.gradients[1]
     assert any(not torch.allclose(first[n], second[n]) for n in first)
+
+
+def test_rows_without_signal_are_skipped_exactly(tiny_model_dir: Path) -> None:
+    from models.grpo import loss_normalizers, rows_that_train
+    from models.loading import load_model
+    from models.logprobs import build_scoring_batch, completion_logprobs
+    from models.rl.losses import policy_loss
+
+    model = load_model(tiny_model_dir).train()
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 200, (n,), generator=generator).tolist() for n in (5, 7, 6, 9)]
+    completions = [torch.randint(10, 200, (n,), generator=generator).tolist() for n in (4, 6, 3, 5)]
+    scoring = build_scoring_batch(
+        prompts, completions, [None] * 4, video_token_id=-1, pad_token_id=0, spatial_merge_size=2,
+        tokens_per_second=2.0,
+    )  # fmt: skip
+    old = torch.randn(scoring.completion_mask.shape, generator=generator) * 0.1 - 5.0
+    advantages = torch.tensor([1.0, 0.0, -0.5, 0.0])
+    row_mask = torch.ones(4)
+    assert rows_that_train(advantages, row_mask, kl_coef=0.0) == [0, 2]
+    assert rows_that_train(advantages, torch.tensor([1.0, 1.0, 0.0, 1.0]), kl_coef=0.1) == [0, 1, 3]
+    normalizers = loss_normalizers(scoring.completion_mask, "token_mean")
+
+    def gradient(rows: list[int]) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        batch = scoring.select(rows)
+        loss, _ = policy_loss(
+            completion_logprobs(model, batch, []),
+            old[rows],
+            advantages[rows],
+            batch.completion_mask,
+            **normalizers,
+        )
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    every_row, trained_rows = gradient([0, 1, 2, 3]), gradient([0, 2])
+    assert any(g.abs().sum() > 0 for g in every_row.values())
+    for name, grad in every_row.items():
+        torch.testing.assert_close(trained_rows[name], grad, rtol=1e-5, atol=1e-8, msg=name)
