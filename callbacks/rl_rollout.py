@@ -8,6 +8,7 @@ the optimizer step the new weights are pushed to the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -135,13 +136,7 @@ class RolloutCallback(Callback):
             prompt = batch["prompt_input_ids"][row][valid].tolist()
             requests.append(RolloutRequest(collapse_video_placeholders(prompt, video_token_id), video))
         step_seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * trainer.global_step
-        sampling = SamplingConfig(
-            self.sampling.n,
-            self.sampling.temperature,
-            self.sampling.top_p,
-            self.sampling.max_new_tokens,
-            step_seed,
-        )
+        sampling = dataclasses.replace(self.sampling, seed=step_seed)
         self.engine.wake()
         results = self.engine.generate(requests, sampling)
         self.engine.sleep()

@@ -146,7 +146,7 @@ class GRPOModule(VLMModule):
             # engine-trainer gap and the entropy, without gradient, on every row.
             with torch.no_grad():
                 for rows in micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows):
-                    merge_stats(totals, self._diagnostics(rollout, batch, rows))
+                    merge_stats(totals, self._diagnostics(rollout, rows))
         self.log("train/trained_row_fraction", len(trained) / total_rows, batch_size=total_rows)
         self._log_step(totals, total_rows)
 
@@ -190,13 +190,8 @@ class GRPOModule(VLMModule):
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
         """Forward + backward of the given rows; returns token-weighted statistics."""
-        scoring = rollout.scoring.select(rows)
+        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, batch, rows))
         chunk_mask = mask[rows].to(self.device)
-        entropy = torch.zeros(chunk_mask.shape, device=self.device)
-        logprobs = completion_logprobs(
-            self.model, scoring, self._video_embeds(rollout, batch, rows), entropy=entropy
-        )
-        old = rollout.old_logprobs[rows].to(self.device)
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -223,13 +218,17 @@ class GRPOModule(VLMModule):
             out.update(gap_statistics(logprobs, old, scoring.completion_mask, entropy))
         return out
 
-    def _diagnostics(self, rollout: RolloutBatch, batch: dict[str, Any], rows: list[int]) -> dict:
+    def _score(
+        self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor]
+    ) -> tuple[ScoringBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Policy log-probs of the given rows, with the engine's log-probs and the entropy beside them."""
         scoring = rollout.scoring.select(rows)
         entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
-        logprobs = completion_logprobs(
-            self.model, scoring, [rollout.video_embeds[i] for i in rows], entropy=entropy
-        )
-        old = rollout.old_logprobs[rows].to(self.device)
+        logprobs = completion_logprobs(self.model, scoring, video_embeds, entropy=entropy)
+        return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
+
+    def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+        scoring, logprobs, old, entropy = self._score(rollout, rows, [rollout.video_embeds[i] for i in rows])
         return gap_statistics(logprobs, old, scoring.completion_mask, entropy)
 
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:

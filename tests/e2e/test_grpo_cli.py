@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT
+from grpo_helpers import fit_tiny_grpo
 from test_sft_cli import logged, run_cli, tiny_data_args
 
 EXPECTED_METRICS = (
@@ -87,7 +88,6 @@ def test_vision_tower_runs_once_per_prompt_per_step(
     tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
     from callbacks.rl_rollout import RolloutCallback
-    from datamodules.longvideo_reason import LongVideoReasonDataModule
     from models.grpo import GRPOModule
     from models.vision import vision_tower
 
@@ -103,25 +103,16 @@ def test_vision_tower_runs_once_per_prompt_per_step(
 
     steps, prompts, generations = 2, 2, 4
     module = GRPOModule(str(tiny_model_dir), learning_rate=1e-3, kl_coef=0.01, max_new_tokens=8)
-    data = LongVideoReasonDataModule(
-        train_shards=str(synth_dir / "train-*.tar"),
-        processor_path=str(tiny_model_dir),
-        num_frames=8,
-        batch_size=prompts,
-        num_workers=0,
-    )
     rollout = RolloutCallback(engine="transformers", num_generations=generations, max_new_tokens=8)
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
+    fit_tiny_grpo(
+        module,
+        tiny_model_dir,
+        synth_dir,
+        tmp_path,
+        steps=steps,
         callbacks=[CountVisionCalls(), rollout],
-        default_root_dir=tmp_path,
+        prompts_per_step=prompts,
     )
-    trainer.fit(module, datamodule=data)
     # One encoding per prompt per step, shared by the G rollouts, the reference and the policy pass.
     assert calls == [0] * prompts + [1] * prompts
     assert rollout.vision_calls == steps * prompts
@@ -131,7 +122,6 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     tiny_model_dir: Path, synth_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from callbacks.rl_rollout import RolloutCallback
-    from datamodules.longvideo_reason import LongVideoReasonDataModule
     from models.grpo import GRPOModule
     from models.vision import vision_tower
 
@@ -150,25 +140,9 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     module = GRPOModule(
         str(tiny_model_dir), learning_rate=1e-3, freeze_vision=False, kl_coef=0.01, max_new_tokens=8
     )
-    data = LongVideoReasonDataModule(
-        train_shards=str(synth_dir / "train-*.tar"),
-        processor_path=str(tiny_model_dir),
-        num_frames=8,
-        batch_size=2,
-        num_workers=0,
-    )
-    trainer = L.Trainer(
-        max_steps=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[Watch(), RolloutCallback(engine="transformers", num_generations=2, max_new_tokens=8)],
-    )
+    rollout = RolloutCallback(engine="transformers", num_generations=2, max_new_tokens=8)
     with caplog.at_level(logging.WARNING, logger="callbacks.rl_rollout"):
-        trainer.fit(module, datamodule=data)
+        fit_tiny_grpo(module, tiny_model_dir, synth_dir, tmp_path, steps=1, callbacks=[Watch(), rollout])
     assert "re-encodes" in caplog.text
     assert calls == [False, True]  # cached encoding without grad, then the policy pass with grad
     assert grads == [True]

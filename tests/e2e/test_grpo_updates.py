@@ -7,10 +7,13 @@ from typing import Any
 
 import lightning as L
 import torch
+from grpo_helpers import fit_tiny_grpo
 
 from callbacks.rl_rollout import RolloutCallback
-from datamodules.longvideo_reason import LongVideoReasonDataModule
-from models.grpo import GRPOModule
+from models.grpo import GRPOModule, loss_normalizers, rows_that_train
+from models.loading import load_model
+from models.logprobs import build_scoring_batch, completion_logprobs
+from models.rl.losses import policy_loss
 from rewards.combine import RewardSpec
 from rewards.registry import register
 
@@ -44,34 +47,15 @@ def fit_grpo(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path, steps: int, 
     module = GRPOModule(
         str(tiny_model_dir), learning_rate=1e-3, max_new_tokens=8, max_grad_norm=None, **module_args
     )
-    data = LongVideoReasonDataModule(
-        train_shards=str(synth_dir / "train-*.tar"),
-        processor_path=str(tiny_model_dir),
-        num_frames=8,
-        batch_size=2,
-        num_workers=0,
-    )
     record = Record()
-    trainer = L.Trainer(
-        max_steps=steps,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        # The rollout callback comes first, so `Record` sees the rollout it put in the batch.
-        callbacks=[
-            RolloutCallback(
-                engine="transformers",
-                num_generations=3,
-                max_new_tokens=8,
-                rewards=[RewardSpec("test_completion_length", 1.0)],
-            ),
-            record,
-        ],
+    rollout = RolloutCallback(
+        engine="transformers",
+        num_generations=3,
+        max_new_tokens=8,
+        rewards=[RewardSpec("test_completion_length", 1.0)],
     )
-    trainer.fit(module, datamodule=data)
+    # The rollout callback comes first, so `Record` sees the rollout it put in the batch.
+    fit_tiny_grpo(module, tiny_model_dir, synth_dir, tmp_path, steps=steps, callbacks=[rollout, record])
     return record
 
 
@@ -114,11 +98,6 @@ def test_several_updates_per_rollout_batch(tiny_model_dir: Path, synth_dir: Path
 
 
 def test_rows_without_signal_are_skipped_exactly(tiny_model_dir: Path) -> None:
-    from models.grpo import loss_normalizers, rows_that_train
-    from models.loading import load_model
-    from models.logprobs import build_scoring_batch, completion_logprobs
-    from models.rl.losses import policy_loss
-
     model = load_model(tiny_model_dir).train()
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200, (n,), generator=generator).tolist() for n in (5, 7, 6, 9)]
