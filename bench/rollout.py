@@ -5,6 +5,8 @@
 2. RL step time with the video encoded once and cached (lvrl's path: one vision-tower pass,
    then G rollouts, the reference pass and the policy pass all reuse the embeddings) vs
    re-encoding it for every rollout and every pass (the vision tower runs G + 2 times).
+3. The reference + policy passes with each prompt forwarded once for its G completions (the
+   trainer's default) vs every completion row forwarded whole.
 
 Usage: python bench/rollout.py [--presets tiny small] [--frames 64 256] [--generations 8]
 """
@@ -58,8 +60,14 @@ def timed(fn, repeats: int = 2) -> tuple[float, object]:
     return (time.perf_counter() - start) / repeats, result
 
 
-def rl_step(model, processor, encoded, result, video: VideoEmbedding, reencode: bool) -> None:
-    """Reference + policy passes (forward and backward of the policy) on the G completions."""
+def rl_step(
+    model, processor, encoded, result, video: VideoEmbedding, reencode: bool, share: bool = True
+) -> None:
+    """Reference + policy passes (forward and backward of the policy) on the G completions.
+
+    ``share``: the prompt (video included) is forwarded once for the G completions (the
+    trainer's default) rather than once per completion.
+    """
     tokenizer = processor.tokenizer
     config = model.config.vision_config
     rows = len(result.completions)
@@ -81,9 +89,9 @@ def rl_step(model, processor, encoded, result, video: VideoEmbedding, reencode: 
         return [fresh] * rows
 
     with torch.no_grad():
-        completion_logprobs(model, batch, embeds())  # reference pass
+        completion_logprobs(model, batch, embeds(), share_prompts=share)  # reference pass
     model.zero_grad()
-    completion_logprobs(model, batch, embeds()).sum().backward()  # policy pass
+    completion_logprobs(model, batch, embeds(), share_prompts=share).sum().backward()  # policy pass
 
 
 def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, preset: str) -> str:
@@ -100,6 +108,7 @@ def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, p
     hf_rate = sum(len(c.token_ids) for c in hf_result.completions) / hf_s
     cached_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False))
     reencode_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, True))
+    whole_rows_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False, share=False))
     # Rollouts: cached = one encoding, then G samples; re-encoded = G encodings + G samples.
     cached_step = encode_s + vllm_s + cached_s
     reencode_step = sampling.n * encode_s + vllm_s + reencode_s
@@ -107,7 +116,9 @@ def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, p
         f"{preset:5s} {frames:4d} frames ({int(embeds.shape[0])} video tokens), G={sampling.n}: "
         f"vLLM {vllm_rate:7.0f} tok/s vs transformers {hf_rate:6.0f} tok/s -> x{vllm_rate / hf_rate:.1f}; "
         f"RL step cached {cached_step:.2f} s vs re-encoding {reencode_step:.2f} s "
-        f"-> x{reencode_step / cached_step:.2f} (vision tower {encode_s * 1000:.0f} ms per pass)"
+        f"-> x{reencode_step / cached_step:.2f} (vision tower {encode_s * 1000:.0f} ms per pass); "
+        f"reference + policy passes with the prompt shared {cached_s:.2f} s vs every row whole "
+        f"{whole_rows_s:.2f} s -> x{whole_rows_s / cached_s:.1f}"
     )
 
 

@@ -83,7 +83,9 @@ def test_micro_batches_accumulate_the_full_batch_gradient(
         assert full.keys() == accumulated.keys() and any("visual" in name for name in full)
         assert any(grad.abs().sum() > 0 for grad in full.values())
         for name, grad in full.items():
-            torch.testing.assert_close(accumulated[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+            # Relative to the largest entry: micro-batches group the shared prompt passes
+            # differently, so entries near 0 differ by float rounding (~1e-7 absolute).
+            assert (accumulated[name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
 
 
 def test_several_updates_per_rollout_batch(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:

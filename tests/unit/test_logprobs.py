@@ -1,0 +1,103 @@
+"""Completion scoring: a prompt forwarded once for all its completions equals every row forwarded whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoProcessor
+
+from datamodules.collate import VideoQACollator
+from datamodules.shards import resolve_shards
+from datamodules.stream import VideoQAStream
+from models.loading import load_model
+from models.logprobs import ScoringBatch, build_scoring_batch, completion_logprobs, prompt_groups
+from models.vision import encode_videos
+from rollout.base import VideoEmbedding
+
+
+@pytest.fixture(scope="module")
+def video_rows(tiny_model_dir: Path, synth_dir: Path) -> tuple[ScoringBatch, list[torch.Tensor]]:
+    """Six rows over two real video prompts, in GRPO's layout but shuffled and ragged.
+
+    Rows 0, 1, 2 and 5 share prompt A (so its rows are not contiguous), rows 3 and 4 share
+    prompt B (a different length), row 2 has an empty completion, completions differ in length.
+    """
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
+    samples = [s for _, s in zip(range(2), stream, strict=False)]
+    batch = VideoQACollator(processor)(samples)
+    model = load_model(tiny_model_dir)
+    with torch.no_grad():
+        videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
+    prompts, embeddings = [], []
+    for row in range(2):
+        labelled = batch["labels"][row] != -100
+        ids = batch["input_ids"][row][batch["attention_mask"][row].bool()]
+        prompts.append(ids[: int(labelled.nonzero()[0])])
+        embeddings.append(
+            VideoEmbedding(videos[row], batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row]))
+        )
+    assert len(prompts[0]) != len(prompts[1])
+    which = [0, 0, 0, 1, 1, 0]
+    generator = torch.Generator().manual_seed(0)
+    completions = [torch.randint(20, 300, (n,), generator=generator).tolist() for n in (5, 9, 0, 3, 7, 1)]
+    tokenizer = processor.tokenizer
+    scoring = build_scoring_batch(
+        [prompts[k].tolist() for k in which],
+        completions,
+        [embeddings[k] for k in which],
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        pad_token_id=tokenizer.pad_token_id,
+        spatial_merge_size=2,
+        tokens_per_second=float(model.config.vision_config.tokens_per_second),
+    )
+    # The same tensor object for rows of one prompt, as the rollout callback hands them over.
+    trainable = [v.clone().requires_grad_(True) for v in videos]
+    return scoring, [trainable[k] for k in which]
+
+
+def scores_and_gradients(
+    model: torch.nn.Module, scoring: ScoringBatch, videos: list[torch.Tensor], share: bool
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    for video in videos:
+        video.grad = None
+    entropy = torch.zeros(scoring.completion_mask.shape)
+    logprobs = completion_logprobs(model, scoring, videos, entropy=entropy, share_prompts=share)
+    weights = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(1))
+    (logprobs * weights).sum().backward()
+    gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(videos[:4:3])})
+    return logprobs.detach(), entropy, gradients
+
+
+def test_rows_of_one_prompt_are_grouped(video_rows: tuple[ScoringBatch, list[torch.Tensor]]) -> None:
+    scoring, videos = video_rows
+    assert prompt_groups(scoring, videos) == [0, 0, 0, 3, 3, 0]
+    # Same ids but another video tensor (e.g. a different video of the same length): not shared.
+    other = [v if i != 5 else v.detach().clone() for i, v in enumerate(videos)]
+    assert prompt_groups(scoring, other) == [0, 0, 0, 3, 3, 5]
+
+
+def test_shared_prompt_scoring_equals_whole_rows(
+    tiny_model_dir: Path, video_rows: tuple[ScoringBatch, list[torch.Tensor]]
+) -> None:
+    scoring, videos = video_rows
+    model = load_model(tiny_model_dir).train()
+    whole, whole_entropy, whole_grads = scores_and_gradients(model, scoring, videos, share=False)
+    shared, shared_entropy, shared_grads = scores_and_gradients(model, scoring, videos, share=True)
+    valid = scoring.completion_mask.bool()
+    assert int(valid.sum()) == 25 and whole[valid].abs().min() > 0
+    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_entropy, whole_entropy, atol=1e-5, rtol=0)
+    assert whole_grads.keys() == shared_grads.keys() and "video0" in whole_grads
+    for name, gradient in whole_grads.items():
+        scale = gradient.abs().max().clamp(min=1e-12)
+        assert (shared_grads[name] - gradient).abs().max() / scale < 1e-4, name
+    # And both equal scoring each row on its own (no batching or padding effects).
+    with torch.no_grad():
+        for row in range(len(scoring.prompt_lengths)):
+            alone = completion_logprobs(model, scoring.select([row]), [videos[row]])
+            torch.testing.assert_close(alone[0], whole[row], atol=1e-5, rtol=0)
