@@ -108,7 +108,9 @@ def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, p
     hf_rate = sum(len(c.token_ids) for c in hf_result.completions) / hf_s
     cached_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False))
     reencode_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, True))
-    whole_rows_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False, share=False))
+    whole_rows_s, _ = timed(
+        lambda: rl_step(model, processor, encoded, vllm_result, video, False, share=False)
+    )
     # Rollouts: cached = one encoding, then G samples; re-encoded = G encodings + G samples.
     cached_step = encode_s + vllm_s + cached_s
     reencode_step = sampling.n * encode_s + vllm_s + reencode_s
