@@ -2,11 +2,14 @@
 
 Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for all stages:
 greedy generation on the validation split, the answer letter parsed tolerantly, accuracy per
-category logged through :class:`~models.metrics.MultipleChoiceScores`.
+category logged through :class:`~models.metrics.MultipleChoiceScores`, and every question's
+result written to ``{default_root_dir}/predictions/val-step{N}.jsonl`` (so two evaluations can
+be compared question by question: ``lvrl report compare``).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -67,6 +70,7 @@ class VLMModule(L.LightningModule):
         self._processor: Any = None
         self.last_val_scores: dict[str, float] = {}
         self.sample_completions: list[dict[str, Any]] = []
+        self.val_predictions: list[dict[str, Any]] = []
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -175,17 +179,27 @@ class VLMModule(L.LightningModule):
             response_choice(text, len(m["options"]) or 4, m["options"])
             for text, m in zip(completions, meta, strict=True)
         ]
+        records = [
+            {
+                "key": m["key"],
+                "category": m["category"],
+                "answer": m["answer"],
+                "predicted": p,
+                "correct": p == m["answer"],
+                "format": follows_format(c),
+                "completion": c,
+            }
+            for m, p, c in zip(meta, predicted, completions, strict=True)
+        ]
         self.val_scores.update(
             predicted,
             [m["answer"] for m in meta],
             [m["category"] for m in meta],
-            [follows_format(text) for text in completions],
+            [r["format"] for r in records],
         )
         if batch_idx == 0:
-            self.sample_completions = [
-                {"key": m["key"], "answer": m["answer"], "predicted": p, "completion": c}
-                for m, p, c in zip(meta, predicted, completions, strict=True)
-            ]
+            self.sample_completions = records
+        self.val_predictions.extend(records)
         if "labels" in batch:
             self.log("val/loss", self.token_mean_loss(batch), batch_size=len(meta), sync_dist=True)
 
@@ -199,6 +213,9 @@ class VLMModule(L.LightningModule):
         scores = self.val_scores.compute()
         self.val_scores.reset()
         self.last_val_scores = scores
+        if not self.trainer.sanity_checking:
+            self._write_predictions()
+        self.val_predictions = []
         for name, value in scores.items():
             if not name.startswith("count"):
                 self.log(f"val/{name}", value, sync_dist=False)
@@ -211,6 +228,16 @@ class VLMModule(L.LightningModule):
                     f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
                     f"{sample['completion']!r}"
                 )
+
+    def _write_predictions(self) -> None:
+        """One JSON line per validation question (each rank writes the questions it saw)."""
+        folder = Path(self.trainer.default_root_dir) / "predictions"
+        folder.mkdir(parents=True, exist_ok=True)
+        rank = f"-rank{self.global_rank}" if self.trainer.world_size > 1 else ""
+        path = folder / f"val-step{self.global_step:06d}{rank}.jsonl"
+        with path.open("w") as f:
+            for record in self.val_predictions:
+                f.write(json.dumps(record) + "\n")
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:

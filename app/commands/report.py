@@ -4,14 +4,19 @@
 logged metric against the training step (raw values faint, a moving average on top);
 ``lvrl report compare --run SFT=runs/demo/sft-eval --run GRPO=runs/demo/grpo-eval`` prints the
 last validation accuracy of each run per category, side by side (markdown, so it pastes into
-a README or an issue).
+a README or an issue), and, when the runs wrote per-question predictions, a paired comparison
+of each run with the first one: the questions only one of them answers correctly and an exact
+McNemar test, which says whether a difference is more than the luck of a small eval set.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 CATEGORY_PREFIX = "val/accuracy/"
@@ -155,14 +160,91 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def last_predictions(run_dir: Path) -> dict[str, bool] | None:
+    """``{question key: answered correctly}`` from the run's last validation, None if it wrote none.
+
+    Files are ``predictions/val-step{N}[-rank{R}].jsonl``; the highest step wins and its rank
+    files are merged.
+    """
+    steps: dict[int, list[Path]] = {}
+    for path in (run_dir / "predictions").glob("val-step*.jsonl"):
+        match = re.fullmatch(r"val-step(\d+)(-rank\d+)?\.jsonl", path.name)
+        if match:
+            steps.setdefault(int(match.group(1)), []).append(path)
+    if not steps:
+        return None
+    correct: dict[str, bool] = {}
+    for path in sorted(steps[max(steps)]):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            correct[record["key"]] = bool(record["correct"])
+    return correct
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Two evaluations of the same questions, question by question."""
+
+    questions: int
+    only_new: int
+    """Questions the new run answers correctly and the baseline does not."""
+    only_base: int
+    """Questions the baseline answers correctly and the new run does not."""
+
+    @property
+    def change(self) -> float:
+        """Accuracy of the new run minus the baseline's, as a fraction."""
+        return (self.only_new - self.only_base) / max(1, self.questions)
+
+    @property
+    def p_value(self) -> float:
+        """Exact two-sided McNemar test: the chance of a split at least this uneven if the
+        two runs were equally good (each disagreement a fair coin)."""
+        disagreements = self.only_new + self.only_base
+        smaller = min(self.only_new, self.only_base)
+        tail = sum(math.comb(disagreements, k) for k in range(smaller + 1)) / 2**disagreements
+        return min(1.0, 2 * tail)
+
+
+def paired_comparison(base: dict[str, bool], new: dict[str, bool]) -> PairedComparison:
+    """Compare on the questions both runs answered."""
+    shared = base.keys() & new.keys()
+    return PairedComparison(
+        questions=len(shared),
+        only_new=sum(new[k] and not base[k] for k in shared),
+        only_base=sum(base[k] and not new[k] for k in shared),
+    )
+
+
+def paired_lines(predictions: dict[str, dict[str, bool] | None]) -> list[str]:
+    """One markdown bullet per run after the first, compared with the first on shared questions."""
+    (base_name, base), *others = predictions.items()
+    lines = []
+    for name, new in others:
+        if base is None or new is None:
+            missing = base_name if base is None else name
+            lines.append(f"- {name} vs {base_name}: no per-question predictions for {missing}")
+            continue
+        paired = paired_comparison(base, new)
+        lines.append(
+            f"- {name} vs {base_name}, same {paired.questions} questions: {paired.change:+.1%} "
+            f"({paired.only_new} right only in {name}, {paired.only_base} right only in {base_name}); "
+            f"exact McNemar p = {paired.p_value:.3f}"
+        )
+    return lines
+
+
 def run_compare(args: argparse.Namespace) -> None:
-    columns = {}
+    columns, predictions = {}, {}
     for spec in args.columns:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:
             raise SystemExit(f"--run takes NAME=DIR, got {spec!r}")
         columns[name] = last_validation(metric_rows(Path(folder)))
+        predictions[name] = last_predictions(Path(folder))
     table = comparison_table(columns)
+    if len(columns) > 1:
+        table += "\n\n" + "\n".join(paired_lines(predictions))
     print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

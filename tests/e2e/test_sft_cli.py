@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -143,6 +144,13 @@ def test_validate_prints_accuracy_table(tiny_model_dir: Path, synth_dir: Path, t
     output = result.stdout + result.stderr
     for needle in ("Temporal", "Spatial", "Plot", "Goal and Purpose", "overall", "constant letter"):
         assert needle in output
+    # Every question's result is kept, and agrees with the logged accuracy.
+    (predictions,) = (tmp_path / "predictions").glob("val-step*.jsonl")
+    records = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert sorted(r["key"] for r in records) == [f"synth-val-{i:06d}" for i in range(8)]
+    with next(tmp_path.glob("csv/version_*/metrics.csv")).open() as f:
+        logged = float(next(row for row in csv.DictReader(f) if row.get("val/accuracy"))["val/accuracy"])
+    assert sum(r["correct"] for r in records) / 8 == pytest.approx(logged)
 
 
 def test_broken_samples_train_on_with_named_warnings(

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
 
 from app.cli import main
-from app.commands.report import comparison_table, last_validation, metric_rows, metric_series, moving_average
+from app.commands.report import (
+    PairedComparison,
+    comparison_table,
+    last_predictions,
+    last_validation,
+    metric_rows,
+    metric_series,
+    moving_average,
+    paired_comparison,
+)
 
 
 def write_log(run_dir: Path, version: int, rows: list[dict[str, object]]) -> None:
@@ -76,3 +86,42 @@ def test_curve_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "plots" / "reward.png"
     main(["report", "curve", "--run", str(tmp_path), "--metric", "reward/total_mean", "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+def write_predictions(run_dir: Path, name: str, correct: list[bool]) -> None:
+    folder = run_dir / "predictions"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"key": f"q{i}", "correct": c}) for i, c in enumerate(correct)]
+    (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def test_mcnemar_exact_p_value_by_hand() -> None:
+    # 8 vs 2 disagreements: p = 2 * (C(10,0) + C(10,1) + C(10,2)) / 2^10 = 2 * 56 / 1024.
+    assert PairedComparison(100, 8, 2).p_value == pytest.approx(112 / 1024)
+    assert PairedComparison(100, 8, 2).change == pytest.approx(0.06)
+    assert PairedComparison(100, 2, 8).p_value == pytest.approx(112 / 1024)
+    assert PairedComparison(100, 5, 5).p_value == 1.0
+    assert PairedComparison(100, 0, 0).p_value == 1.0
+    # 10 vs 0: p = 2 / 1024.
+    assert PairedComparison(50, 10, 0).p_value == pytest.approx(2 / 1024)
+
+
+def test_paired_comparison_reads_the_last_predictions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    before, after = tmp_path / "before", tmp_path / "after"
+    write_log(before, 0, [{"val/accuracy": 0.5}])
+    write_log(after, 0, [{"val/accuracy": 0.75}])
+    write_predictions(before, "val-step000000.jsonl", [True, True, False, False])
+    # An older validation of `after` is ignored; the last one is split across two ranks.
+    write_predictions(after, "val-step000010.jsonl", [False] * 4)
+    write_predictions(after, "val-step000150-rank0.jsonl", [True, False])
+    (after / "predictions" / "val-step000150-rank1.jsonl").write_text(
+        json.dumps({"key": "q2", "correct": True}) + "\n" + json.dumps({"key": "q3", "correct": True}) + "\n"
+    )
+    assert last_predictions(after) == {"q0": True, "q1": False, "q2": True, "q3": True}
+    assert last_predictions(tmp_path / "missing") is None
+    paired = paired_comparison(last_predictions(before), last_predictions(after))
+    assert (paired.questions, paired.only_new, paired.only_base) == (4, 2, 1)
+    main(["report", "compare", "--run", f"SFT={before}", "--run", f"GRPO={after}"])
+    out = capsys.readouterr().out
+    assert "GRPO vs SFT, same 4 questions: +25.0% (2 right only in GRPO, 1 right only in SFT)" in out
+    assert "p = 1.000" in out
