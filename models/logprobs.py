@@ -117,7 +117,7 @@ def completion_logprobs(
     work by about G times; the log-probs equal the one-row-at-a-time ones up to float rounding.
     """
     device = next(model.parameters()).device
-    embeddings = _input_embeddings(model, batch, video_embeds, device)
+    embeddings = input_embeddings(model, batch, video_embeds, device)
     groups = prompt_groups(batch, video_embeds)
     if share_prompts and len(set(groups)) < len(groups):
         first_logits, completion_logits = _shared_prompt_logits(model, batch, embeddings, groups, device)
@@ -151,7 +151,7 @@ def prompt_groups(batch: ScoringBatch, video_embeds: Sequence[torch.Tensor]) -> 
     return groups
 
 
-def _input_embeddings(
+def input_embeddings(
     model: torch.nn.Module, batch: ScoringBatch, video_embeds: Sequence[torch.Tensor], device: torch.device
 ) -> torch.Tensor:
     """Token embeddings with the cached visual tokens in the video slots."""

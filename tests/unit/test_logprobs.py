@@ -6,15 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoProcessor
+from scoring_helpers import video_scoring_rows
 
-from datamodules.collate import VideoQACollator
-from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream
 from models.loading import load_model
-from models.logprobs import ScoringBatch, build_scoring_batch, completion_logprobs, prompt_groups
-from models.vision import encode_videos
-from rollout.base import VideoEmbedding
+from models.logprobs import ScoringBatch, completion_logprobs, prompt_groups
 
 
 @pytest.fixture(scope="module")
@@ -24,38 +19,7 @@ def video_rows(tiny_model_dir: Path, synth_dir: Path) -> tuple[ScoringBatch, lis
     Rows 0, 1, 2 and 5 share prompt A (so its rows are not contiguous), rows 3 and 4 share
     prompt B (a different length), row 2 has an empty completion, completions differ in length.
     """
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
-    samples = [s for _, s in zip(range(2), stream, strict=False)]
-    batch = VideoQACollator(processor)(samples)
-    model = load_model(tiny_model_dir)
-    with torch.no_grad():
-        videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
-    prompts, embeddings = [], []
-    for row in range(2):
-        labelled = batch["labels"][row] != -100
-        ids = batch["input_ids"][row][batch["attention_mask"][row].bool()]
-        prompts.append(ids[: int(labelled.nonzero()[0])])
-        embeddings.append(
-            VideoEmbedding(videos[row], batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row]))
-        )
-    assert len(prompts[0]) != len(prompts[1])
-    which = [0, 0, 0, 1, 1, 0]
-    generator = torch.Generator().manual_seed(0)
-    completions = [torch.randint(20, 300, (n,), generator=generator).tolist() for n in (5, 9, 0, 3, 7, 1)]
-    tokenizer = processor.tokenizer
-    scoring = build_scoring_batch(
-        [prompts[k].tolist() for k in which],
-        completions,
-        [embeddings[k] for k in which],
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        pad_token_id=tokenizer.pad_token_id,
-        spatial_merge_size=2,
-        tokens_per_second=float(model.config.vision_config.tokens_per_second),
-    )
-    # The same tensor object for rows of one prompt, as the rollout callback hands them over.
-    trainable = [v.clone().requires_grad_(True) for v in videos]
-    return scoring, [trainable[k] for k in which]
+    return video_scoring_rows(tiny_model_dir, synth_dir, [0, 0, 0, 1, 1, 0], [5, 9, 0, 3, 7, 1])
 
 
 def scores_and_gradients(

@@ -1,0 +1,56 @@
+"""Ulysses attention: trade the sequence split for a head split, attend, trade back.
+
+Each of the P ranks holds ``L / P`` tokens of all ``H`` heads. One all-to-all gives each rank
+all ``L`` tokens of ``H / P`` heads, so plain causal attention over the whole sequence runs
+locally; a second all-to-all returns the outputs to the sequence split. Communication per
+layer is a constant multiple of the activations, independent of P (DeepSpeed-Ulysses,
+arXiv 2309.14509). Heads must divide by P; key/value heads that do not (grouped-query
+attention with fewer KV heads than ranks) are repeated up to the query heads first.
+Autograd flows through ``torch.distributed.nn.functional.all_to_all``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.nn.functional import all_to_all
+
+from parallel.shard import SequenceShard
+
+
+def _sequence_to_heads(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
+    """``(B, heads, L/P, D)`` on each rank -> ``(B, heads/P, L, D)``: rank j gets head chunk j."""
+    chunks = [c.contiguous() for c in x.chunk(shard.size, dim=1)]
+    received = all_to_all([torch.empty_like(chunks[0]) for _ in chunks], chunks, group=shard.group)
+    return torch.cat(received, dim=2)  # received[j] is rank j's sequence slice: sequence order
+
+
+def _heads_to_sequence(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
+    """The inverse: ``(B, heads/P, L, D)`` -> ``(B, heads, L/P, D)``."""
+    chunks = [c.contiguous() for c in x.chunk(shard.size, dim=2)]
+    received = all_to_all([torch.empty_like(chunks[0]) for _ in chunks], chunks, group=shard.group)
+    return torch.cat(received, dim=1)  # received[j] is head chunk j: head order
+
+
+def ulysses_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shard: SequenceShard, scaling: float
+) -> torch.Tensor:
+    """Causal attention of a sequence split over ``shard.group``; returns ``(B, L/P, H, D)``.
+
+    ``query`` is ``(B, H, L/P, D)``, ``key``/``value`` ``(B, H_kv, L/P, D)``, all already
+    rotated with the shard's own positions.
+    """
+    heads, kv_heads, size = query.shape[1], key.shape[1], shard.size
+    if heads % size:
+        raise ValueError(
+            f"Ulysses needs the {heads} attention heads to divide by the sequence-parallel size {size}; "
+            "use sequence-parallel attention 'ring' or a size that divides the heads"
+        )
+    if kv_heads % size:
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    query, key, value = (_sequence_to_heads(t, shard) for t in (query, key, value))
+    out = F.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return _heads_to_sequence(out, shard).transpose(1, 2)

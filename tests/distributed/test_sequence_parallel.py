@@ -1,0 +1,108 @@
+"""Sequence-parallel prefill in 2 and 4 real gloo processes against one process.
+
+The reference: :func:`models.logprobs.completion_logprobs` on every row whole, in this process.
+The workers: the same rows, the sequence split across the group, Ulysses or ring attention.
+Compared: completion log-probs (max abs diff <= 1e-5), entropy, and every parameter's
+gradient of the same loss (relative diff <= 1e-4) plus the cached video embeddings' gradient.
+The rows are real video prompts of two lengths with ragged completions, so the padded length
+does not divide the group size and rows end in different slices; the tiny model has 4 query
+heads and 2 key/value heads, so at 4 ranks Ulysses repeats the key/value heads (GQA).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from scoring_helpers import video_scoring_rows
+
+from models.loading import load_model
+from models.logprobs import completion_logprobs
+
+ATTENTIONS = ("ulysses", "ring")
+
+
+def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
+    """A loss touching every completion token with a different weight."""
+    weights = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(1))
+    return (logprobs * weights).sum()
+
+
+def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path: str, out_dir: str) -> None:
+    from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over
+    from parallel.shard import SequenceShard
+
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size
+    )
+    torch.set_num_threads(1)
+    scoring, videos = torch.load(inputs, weights_only=False)
+    model = load_model(model_dir).train()
+    for attention in ATTENTIONS:
+        model.zero_grad()
+        distinct = list({id(v): v for v in videos}.values())
+        for video in distinct:
+            video.grad = None
+        entropy = torch.zeros(scoring.completion_mask.shape)
+        shard = SequenceShard(dist.group.WORLD, attention)
+        logprobs = sequence_parallel_completion_logprobs(model, scoring, videos, shard, entropy=entropy)
+        loss_of(logprobs).backward()
+        sum_gradients_over(list(model.parameters()), shard.group)
+        for video in distinct:
+            dist.all_reduce(video.grad, group=shard.group)
+        if rank == 0:
+            gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            gradients.update({f"video{i}": v.grad for i, v in enumerate(distinct)})
+            torch.save((logprobs.detach(), entropy, gradients), Path(out_dir) / f"{attention}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    scoring, videos = video_scoring_rows(tiny_model_dir, synth_dir, [0, 1, 0, 1, 0], [5, 9, 3, 1, 12])
+    folder = tmp_path_factory.mktemp("sp")
+    torch.save((scoring, videos), folder / "inputs.pt")
+    model = load_model(tiny_model_dir).train()
+    entropy = torch.zeros(scoring.completion_mask.shape)
+    logprobs = completion_logprobs(model, scoring, videos, entropy=entropy, share_prompts=False)
+    loss_of(logprobs).backward()
+    distinct = list({id(v): v for v in videos}.values())
+    gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(distinct)})
+    return {
+        "inputs": folder / "inputs.pt",
+        "logprobs": logprobs.detach(),
+        "entropy": entropy,
+        "grads": gradients,
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_sequence_parallel_prefill_matches_one_process(
+    world_size: int, tiny_model_dir: Path, reference: dict, tmp_path: Path
+) -> None:
+    length = reference["logprobs"].shape[0]
+    assert length == 5
+    mp.start_processes(
+        _worker,
+        args=(
+            world_size,
+            str(tiny_model_dir),
+            str(reference["inputs"]),
+            str(tmp_path / "store"),
+            str(tmp_path),
+        ),
+        nprocs=world_size,
+        start_method="spawn",
+    )
+    for attention in ATTENTIONS:
+        logprobs, entropy, gradients = torch.load(tmp_path / f"{attention}.pt")
+        assert (logprobs - reference["logprobs"]).abs().max() <= 1e-5, attention
+        assert (entropy - reference["entropy"]).abs().max() <= 1e-4, attention
+        assert gradients.keys() == reference["grads"].keys()
+        for name, expected in reference["grads"].items():
+            relative = (gradients[name] - expected).abs().max() / expected.abs().max().clamp(min=1e-12)
+            assert relative <= 1e-4, f"{attention}: {name} gradient off by {relative:.2e}"
