@@ -7,6 +7,10 @@ gradient of the same loss (relative diff <= 1e-4) plus the cached video embeddin
 The rows are real video prompts of two lengths with ragged completions, so the padded length
 does not divide the group size and rows end in different slices; the tiny model has 4 query
 heads and 2 key/value heads, so at 4 ranks Ulysses repeats the key/value heads (GQA).
+
+The same processes check stage 1: videos encoded with their temporal patches dealt across the
+ranks equal the one-process encoding on every rank, including a video whose patch count does
+not divide the group size and a batch with fewer patches than ranks.
 """
 
 from __future__ import annotations
@@ -21,8 +25,19 @@ from scoring_helpers import video_scoring_rows
 
 from models.loading import load_model
 from models.logprobs import completion_logprobs
+from models.vision import encode_videos
 
 ATTENTIONS = ("ulysses", "ring")
+# Temporal patches x patch rows x patch columns: 5 + 3 patches (a split inside the first video
+# at 2 and at 4 ranks), and a single-patch video (ranks with nothing to encode).
+ENCODING_GRIDS = (torch.tensor([[5, 4, 4], [3, 2, 4]]), torch.tensor([[1, 2, 2]]))
+
+
+def encoding_inputs(model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    config = model.config.vision_config
+    width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+    generator = torch.Generator().manual_seed(3)
+    return [(torch.randn(int(g.prod(dim=-1).sum()), width, generator=generator), g) for g in ENCODING_GRIDS]
 
 
 def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
@@ -32,6 +47,7 @@ def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path: str, out_dir: str) -> None:
+    from parallel.encoding import encode_videos_sequence_parallel
     from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over
     from parallel.shard import SequenceShard
 
@@ -57,6 +73,11 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
             gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             gradients.update({f"video{i}": v.grad for i, v in enumerate(distinct)})
             torch.save((logprobs.detach(), entropy, gradients), Path(out_dir) / f"{attention}.pt")
+    encoded = [
+        encode_videos_sequence_parallel(model, pixels, grid, dist.group.WORLD)
+        for pixels, grid in encoding_inputs(model)
+    ]
+    torch.save(encoded, Path(out_dir) / f"encoding-rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -72,11 +93,14 @@ def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.Te
     distinct = list({id(v): v for v in videos}.values())
     gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(distinct)})
+    with torch.no_grad():
+        encoded = [encode_videos(model, pixels, grid) for pixels, grid in encoding_inputs(model)]
     return {
         "inputs": folder / "inputs.pt",
         "logprobs": logprobs.detach(),
         "entropy": entropy,
         "grads": gradients,
+        "encoded": encoded,
     }
 
 
@@ -106,3 +130,9 @@ def test_sequence_parallel_prefill_matches_one_process(
         for name, expected in reference["grads"].items():
             relative = (gradients[name] - expected).abs().max() / expected.abs().max().clamp(min=1e-12)
             assert relative <= 1e-4, f"{attention}: {name} gradient off by {relative:.2e}"
+    for rank in range(world_size):
+        encoded = torch.load(tmp_path / f"encoding-rank{rank}.pt")
+        for batch, expected in zip(encoded, reference["encoded"], strict=True):
+            assert [e.shape for e in batch] == [e.shape for e in expected]
+            for video, want in zip(batch, expected, strict=True):
+                assert (video - want).abs().max() <= 1e-5, f"rank {rank}"
