@@ -17,17 +17,21 @@ from typing import Any
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
 from models.grpo import GRPOModule, RolloutBatch
 from models.logprobs import build_scoring_batch
 from models.rl.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
 from models.vision import encode_videos
+from parallel.encoding import encode_videos_sequence_parallel
+from parallel.shard import SequenceShard
 from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs
 from rewards.parsing import follows_format, response_choice
 from rollout.base import (
     Completion,
     RolloutRequest,
+    RolloutResult,
     SamplingConfig,
     VideoEmbedding,
     collapse_video_placeholders,
@@ -123,8 +127,16 @@ class RolloutCallback(Callback):
         tokenizer = pl_module.processor.tokenizer
         video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
         started = time.perf_counter()
+        shard = pl_module.sequence_shard
         with torch.no_grad():
-            encoded = encode_videos(pl_module.model, batch["pixel_values_videos"], batch["video_grid_thw"])
+            if shard is None:
+                encoded = encode_videos(
+                    pl_module.model, batch["pixel_values_videos"], batch["video_grid_thw"]
+                )
+            else:  # MR-SP stage 1: the group shares out the frames, then all hold every embedding
+                encoded = encode_videos_sequence_parallel(
+                    pl_module.model, batch["pixel_values_videos"], batch["video_grid_thw"], shard.group
+                )
         self.vision_calls += len(encoded)
         videos = [
             VideoEmbedding(e, batch["video_grid_thw"][i], float(batch["second_per_grid_ts"][i]))
@@ -138,7 +150,7 @@ class RolloutCallback(Callback):
         step_seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * trainer.global_step
         sampling = dataclasses.replace(self.sampling, seed=step_seed)
         self.engine.wake()
-        results = self.engine.generate(requests, sampling)
+        results = self._generate(requests, sampling, shard)
         self.engine.sleep()
         rollout_time = time.perf_counter() - started
 
@@ -177,6 +189,23 @@ class RolloutCallback(Callback):
         if self.log_samples_every_n_steps and trainer.global_step % self.log_samples_every_n_steps == 0:
             self._write_samples(trainer, meta, texts, breakdown.total)
         self._train_started = time.perf_counter()
+
+    def _generate(
+        self, requests: list[RolloutRequest], sampling: SamplingConfig, shard: SequenceShard | None
+    ) -> list[RolloutResult]:
+        """The engine's completions; sequence-parallel peers (same prompts) each sample a share
+        of the prompts and exchange results, so all train on the same rollouts."""
+        if shard is None:
+            return self.engine.generate(requests, sampling)
+        size, rank = shard.size, shard.rank
+        mine = requests[rank::size]
+        local = self.engine.generate(mine, sampling) if mine else []
+        shares: list[list[RolloutResult]] = [[] for _ in range(size)]
+        dist.all_gather_object(shares, local, group=shard.group)
+        results: list[RolloutResult] = [None] * len(requests)  # type: ignore[list-item]
+        for peer, share in enumerate(shares):
+            results[peer::size] = share
+        return results
 
     def _log_rollout(
         self,

@@ -29,6 +29,7 @@ from models.logprobs import ScoringBatch, completion_logprobs
 from models.rl.losses import policy_loss
 from models.vision import encode_videos
 from models.vlm_module import VLMModule
+from parallel.prefill import sequence_parallel_completion_logprobs
 
 
 @dataclass
@@ -165,14 +166,27 @@ class GRPOModule(VLMModule):
         reference = self.reference.to(self.device)
         with torch.no_grad():
             return [
-                completion_logprobs(
-                    reference,
-                    rollout.scoring.select(rows),
-                    [rollout.video_embeds[i] for i in rows],
-                    share_prompts=self.hparams.share_prompt_prefix,
+                self._logprobs(
+                    reference, rollout.scoring.select(rows), [rollout.video_embeds[i] for i in rows]
                 )
                 for rows in chunks
             ]
+
+    def _logprobs(
+        self,
+        model: torch.nn.Module,
+        scoring: ScoringBatch,
+        video_embeds: list[torch.Tensor],
+        entropy: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Completion log-probs, with the sequence split across the group when the strategy set one."""
+        if self.sequence_shard is not None:
+            return sequence_parallel_completion_logprobs(
+                model, scoring, video_embeds, self.sequence_shard, entropy=entropy
+            )
+        return completion_logprobs(
+            model, scoring, video_embeds, entropy=entropy, share_prompts=self.hparams.share_prompt_prefix
+        )
 
     def _video_embeds(self, rollout: RolloutBatch, batch: dict[str, Any], rows: list[int]) -> list:
         if self.hparams.freeze_vision:
@@ -232,9 +246,7 @@ class GRPOModule(VLMModule):
         """Policy log-probs of the given rows, with the engine's log-probs and the entropy beside them."""
         scoring = rollout.scoring.select(rows)
         entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
-        logprobs = completion_logprobs(
-            self.model, scoring, video_embeds, entropy=entropy, share_prompts=self.hparams.share_prompt_prefix
-        )
+        logprobs = self._logprobs(self.model, scoring, video_embeds, entropy=entropy)
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
 
     def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -244,6 +256,9 @@ class GRPOModule(VLMModule):
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
         # Stepped even when no row trained (no gradients: the weights stay), so that
         # global_step, the schedule and max_steps keep counting updates.
+        reduce_gradients = getattr(self.trainer.strategy, "reduce_gradients", None)
+        if reduce_gradients is not None:  # sequence/data-parallel: before the norm and clipping
+            reduce_gradients(self.parameters())
         params = [p for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
         merge_stats(totals, {"grad_norm": grad_norm.detach()})

@@ -22,6 +22,7 @@ from models.loading import load_model, load_processor
 from models.metrics import MultipleChoiceScores, format_accuracy_table
 from models.positions import mrope_position_ids
 from models.vision import encode_videos, vision_tower
+from parallel.shard import SequenceShard
 from rewards.parsing import follows_format, response_choice
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
 from rollout.hf_engine import TransformersEngine
@@ -71,6 +72,8 @@ class VLMModule(L.LightningModule):
         self.last_val_scores: dict[str, float] = {}
         self.sample_completions: list[dict[str, Any]] = []
         self.val_predictions: list[dict[str, Any]] = []
+        self.sequence_shard: SequenceShard | None = None
+        """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:

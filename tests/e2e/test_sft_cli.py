@@ -17,8 +17,10 @@ from conftest import REPO_ROOT
 from datamodules.synthetic import SynthConfig
 
 
-def run_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+def run_cli(
+    *args: str, timeout: int = 600, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     result = subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=REPO_ROOT,
