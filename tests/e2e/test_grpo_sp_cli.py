@@ -6,6 +6,10 @@ over the group by the strategy) equal a one-process computation on the very same
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +100,38 @@ def test_sp2_fit_matches_one_process(
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     assert abs(losses[0] - float(loss)) <= 1e-4
     assert abs(grad_norms[0] - float(grad_norm)) <= 1e-4 * float(grad_norm)
+
+
+@pytest.mark.parametrize(
+    ("devices", "size", "message"),
+    [
+        ("2", "3", "sequence_parallel_size=3 does not divide the world size 2"),
+        # The tiny model has 4 attention heads: Ulysses cannot split them over 3 ranks.
+        ("3", "3", "Ulysses attention splits the model's 4 attention heads"),
+    ],
+)
+def test_impossible_sequence_parallel_layouts_fail_at_start_up(
+    devices: str, size: str, message: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    command = [
+        sys.executable, "-m", "app", "fit",
+        "--config", str(REPO_ROOT / "configs/demo/grpo_sp2.yaml"),
+        "--trainer.default_root_dir", str(tmp_path / "run"),
+        "--trainer.devices", devices,
+        "--trainer.strategy.init_args.sequence_parallel_size", size,
+        "--model.init_args.model_path", str(tiny_model_dir),
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    result = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Initializing a V1 LLM engine" not in result.stderr  # before any rollout engine starts
+    assert time.perf_counter() - started < 120
