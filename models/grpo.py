@@ -116,6 +116,8 @@ class GRPOModule(VLMModule):
             raise ValueError(f"micro_batch_rows must be >= 1 or null, got {micro_batch_rows}")
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0 or null, got {max_grad_norm}")
+        # Scores completions with the sequence split when the strategy hands it a shard.
+        self.supports_sequence_parallel = True
         # Several optimizer updates per batch: the step drives the optimizer itself.
         self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None

@@ -74,6 +74,8 @@ class VLMModule(L.LightningModule):
         self.val_predictions: list[dict[str, Any]] = []
         self.sequence_shard: SequenceShard | None = None
         """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
+        self.supports_sequence_parallel = False
+        """Whether the training step scores with ``sequence_shard`` (subclasses that do say so)."""
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:

@@ -111,6 +111,13 @@ class SequenceParallelStrategy(DDPStrategy):
                 self.sequence_parallel_size,
                 self.sequence_parallel_attention,
             )
+        if self.sequence_parallel_size > 1 and not getattr(module, "supports_sequence_parallel", False):
+            # Its peers would each compute the whole gradient, and the sum over the sequence axis
+            # would count it sequence_parallel_size times.
+            raise ValueError(
+                f"{type(module).__name__} does not split sequences across ranks: set "
+                "trainer.strategy.init_args.sequence_parallel_size: 1 (plain data parallelism)"
+            )
         module.sequence_shard = self.sequence_shard
 
     # -- gradients ----------------------------------------------------------------------------

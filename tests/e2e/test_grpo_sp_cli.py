@@ -135,3 +135,27 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     assert message in result.stderr
     assert "Initializing a V1 LLM engine" not in result.stderr  # before any rollout engine starts
     assert time.perf_counter() - started < 120
+
+
+def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    """SFT does not score with a shard: its peers would each add the whole gradient."""
+    command = [
+        sys.executable, "-m", "app", "fit",
+        "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
+        "--trainer.default_root_dir", str(tmp_path / "run"),
+        "--trainer.devices", "2",
+        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
+        "--trainer.strategy.process_group_backend", "gloo",
+        "--model.init_args.model_path", str(tiny_model_dir),
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    ]  # fmt: skip
+    result = subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "WANDB_MODE": "offline"},
+    )
+    assert result.returncode != 0
+    assert "SFTModule does not split sequences across ranks" in result.stderr
