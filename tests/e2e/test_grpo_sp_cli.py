@@ -7,6 +7,7 @@ over the group by the strategy) equal a one-process computation on the very same
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,12 @@ from models.grpo import RolloutBatch, loss_normalizers
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.rl.losses import policy_loss
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def sp_config(tmp_path: Path, attention: str) -> Path:
@@ -159,3 +166,24 @@ def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, t
     )
     assert result.returncode != 0
     assert "SFTModule does not split sequences across ranks" in result.stderr
+
+
+def test_sp2_runs_under_torchrun(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    """The same config launched by torchrun (2 processes) instead of Lightning's launcher."""
+    run_dir = tmp_path / "run"
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--nproc_per_node", "2", "--master_port", str(free_port()),
+        "-m", "app", "fit",
+        "--config", str(sp_config(tmp_path, "ring")),
+        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.max_steps", "2",
+        "--trainer.limit_val_batches", "0",
+        "--model.init_args.model_path", str(tiny_model_dir),
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    ]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO_ROOT / "tests")}
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert len(logged(run_dir, "train/loss")) == 2
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) < 1e-3
