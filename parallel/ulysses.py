@@ -6,10 +6,14 @@ locally; a second all-to-all returns the outputs to the sequence split. Communic
 layer is a constant multiple of the activations, independent of P (DeepSpeed-Ulysses,
 arXiv 2309.14509). Heads must divide by P; key/value heads that do not (grouped-query
 attention with fewer KV heads than ranks) are repeated up to the query heads first.
-Autograd flows through ``torch.distributed.nn.functional.all_to_all``.
+Autograd flows through ``torch.distributed.nn.functional.all_to_all``. The local attention is
+flash-attn's kernel on a CUDA device in half precision when flash-attn is installed, PyTorch
+SDPA otherwise.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +54,33 @@ def ulysses_attention(
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     query, key, value = (_sequence_to_heads(t, shard) for t in (query, key, value))
-    out = F.scaled_dot_product_attention(
+    return _heads_to_sequence(causal_attention(query, key, value, scaling), shard).transpose(1, 2)
+
+
+def causal_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Causal attention of whole sequences, ``(B, H, L, D)`` in and out; GQA when ``key`` has fewer heads."""
+    flash = _flash_attention()
+    if flash is not None and query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        # flash-attn takes (B, L, H, D) and handles fewer key/value heads itself.
+        out = flash(
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            causal=True,
+            softmax_scale=scaling,
+        )
+        return out.transpose(1, 2)
+    return F.scaled_dot_product_attention(
         query, key, value, is_causal=True, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
     )
-    return _heads_to_sequence(out, shard).transpose(1, 2)
+
+
+def _flash_attention() -> Callable[..., torch.Tensor] | None:
+    """flash-attn's ``flash_attn_func`` if installed (GPU machines), else None."""
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func

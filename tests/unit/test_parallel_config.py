@@ -49,3 +49,21 @@ def test_temporal_patches_are_dealt_in_order_and_evenly() -> None:
     for parts in (1, 2, 3, 4, 7):
         flat = [(v, t + i) for run in temporal_patch_runs(grids, parts) for v, t, n in run for i in range(n)]
         assert flat == [(0, t) for t in range(5)] + [(1, t) for t in range(3)]
+
+
+@pytest.mark.gpu
+def test_flash_attention_kernel_matches_sdpa_on_gpu() -> None:
+    """On CUDA with flash-attn installed, Ulysses' local attention is flash-attn's; same result as SDPA."""
+    pytest.importorskip("flash_attn", reason="flash-attn is not installed (make setup-gpu installs it)")
+    import torch.nn.functional as F
+
+    from parallel.ulysses import causal_attention
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    query = torch.randn(2, 8, 300, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+    key, value = (
+        torch.randn(2, 2, 300, 64, device="cuda", dtype=torch.bfloat16, generator=generator) for _ in "kv"
+    )
+    out = causal_attention(query, key, value, 0.125)
+    expected = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=0.125, enable_gqa=True)
+    assert (out.float() - expected.float()).abs().max() < 2e-2
