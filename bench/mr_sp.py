@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from bench.synthetic_video import video_inputs  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402
 from models.logprobs import ScoringBatch, build_scoring_batch  # noqa: E402
@@ -118,30 +119,11 @@ def longest_within(model: torch.nn.Module, shard: SequenceShard, budget: int, st
     return low
 
 
-def video_batch(processor: Any, frames: int) -> dict[str, torch.Tensor]:
-    """A synthetic video of ``frames`` frames through the model's processor, with a question."""
-    from datamodules.synthetic import SynthConfig, make_sample
-
-    config = SynthConfig(num_frames=frames, fps=2.0, size=56, max_scenes=4)
-    row, pixels = make_sample(config, "test", 0)
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": row.problem}]}]
-    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    metadata = {
-        "fps": 2.0,
-        "total_num_frames": frames,
-        "frames_indices": list(range(frames)),
-        "duration": frames / 2,
-    }
-    encoded = processor(text=[prompt], videos=[pixels], video_metadata=[metadata], return_tensors="pt")
-    encoded["prompt"] = prompt
-    return encoded
-
-
 def rl_step_seconds(
     model: torch.nn.Module, processor: Any, shard: SequenceShard, frames: int, generations: int, cached: bool
 ) -> float:
     """Encoding(s) + reference pass + policy forward/backward + gradient sum, one rank's wall time."""
-    inputs = video_batch(processor, frames)
+    _, inputs = video_inputs(processor, frames)
     pixels, grid = inputs["pixel_values_videos"], inputs["video_grid_thw"]
     tokenizer = processor.tokenizer
     video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")

@@ -25,31 +25,17 @@ import torch
 # Run as `python bench/rollout.py`, Python puts bench/ first on sys.path, where this file would
 # shadow the `rollout` package it benchmarks.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root: `bench.` helpers
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
-from datamodules.synthetic import SynthConfig, make_sample  # noqa: E402 (after the sys.path fix)
+from bench.synthetic_video import video_inputs  # noqa: E402 (after the sys.path fix)
 from models.build import build_model_dir  # noqa: E402 (after the sys.path fix)
 from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
 from models.logprobs import build_scoring_batch, completion_logprobs  # noqa: E402 (after the sys.path fix)
 from models.vision import encode_videos  # noqa: E402 (after the sys.path fix)
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding  # noqa: E402 (after the sys.path fix)
 from rollout.hf_engine import TransformersEngine  # noqa: E402 (after the sys.path fix)
-
-
-def video_inputs(processor, frames: int):
-    config = SynthConfig(num_frames=frames, fps=2.0, size=56)
-    row, pixels = make_sample(config, "test", 0)
-    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": row.problem}]}]
-    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    metadata = {
-        "fps": 2.0,
-        "total_num_frames": frames,
-        "frames_indices": list(range(frames)),
-        "duration": frames / 2,
-    }
-    encoded = processor(text=[prompt], videos=[pixels], video_metadata=[metadata], return_tensors="pt")
-    return prompt, encoded
 
 
 def timed(fn, repeats: int = 2) -> tuple[float, object]:

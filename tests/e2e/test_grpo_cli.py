@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import lightning as L
@@ -13,7 +12,7 @@ import torch
 import yaml
 from conftest import REPO_ROOT
 from grpo_helpers import fit_tiny_grpo
-from test_sft_cli import logged, run_cli, tiny_data_args
+from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
 
 EXPECTED_METRICS = (
     "reward/accuracy_mean",
@@ -151,24 +150,12 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
 def test_trainer_gradient_clipping_is_redirected_to_the_module(
     tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
-    command = [
-        sys.executable, "-m", "app", "fit",
+    result = run_cli_expecting_failure(
+        "fit",
         "--config", str(tiny_grpo_config(tmp_path, "transformers")),
         "--trainer.default_root_dir", str(tmp_path / "run"),
         "--trainer.gradient_clip_val", "1.0",
         "--model.init_args.model_path", str(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "WANDB_MODE": "offline"},
-    )
-    assert result.returncode != 0
+    )  # fmt: skip
     assert "remove trainer.gradient_clip_val=1.0 and set model.init_args.max_grad_norm" in result.stderr

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT
-from test_sft_cli import logged, run_cli, tiny_data_args
+from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
 
 from models.grpo import RolloutBatch, loss_normalizers
 from models.loading import load_model
@@ -120,25 +120,16 @@ def test_sp2_fit_matches_one_process(
 def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     devices: str, size: str, message: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
-    command = [
-        sys.executable, "-m", "app", "fit",
+    started = time.perf_counter()
+    result = run_cli_expecting_failure(
+        "fit",
         "--config", str(REPO_ROOT / "configs/demo/grpo_sp2.yaml"),
         "--trainer.default_root_dir", str(tmp_path / "run"),
         "--trainer.devices", devices,
         "--trainer.strategy.init_args.sequence_parallel_size", size,
         "--model.init_args.model_path", str(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    ]  # fmt: skip
-    started = time.perf_counter()
-    result = subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "WANDB_MODE": "offline"},
-    )
-    assert result.returncode != 0
+    )  # fmt: skip
     assert message in result.stderr
     assert "Initializing a V1 LLM engine" not in result.stderr  # before any rollout engine starts
     assert time.perf_counter() - started < 120
@@ -146,8 +137,8 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
 
 def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
     """SFT does not score with a shard: its peers would each add the whole gradient."""
-    command = [
-        sys.executable, "-m", "app", "fit",
+    result = run_cli_expecting_failure(
+        "fit",
         "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
         "--trainer.default_root_dir", str(tmp_path / "run"),
         "--trainer.devices", "2",
@@ -155,16 +146,7 @@ def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, t
         "--trainer.strategy.process_group_backend", "gloo",
         "--model.init_args.model_path", str(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "WANDB_MODE": "offline"},
-    )
-    assert result.returncode != 0
+    )  # fmt: skip
     assert "SFTModule does not split sequences across ranks" in result.stderr
 
 

@@ -17,11 +17,11 @@ from conftest import REPO_ROOT
 from datamodules.synthetic import SynthConfig
 
 
-def run_cli(
-    *args: str, timeout: int = 600, extra_env: dict[str, str] | None = None
+def _run(
+    args: tuple[str, ...], timeout: int, extra_env: dict[str, str] | None
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "app", *args],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -29,9 +29,23 @@ def run_cli(
         timeout=timeout,
         env=env,
     )
+
+
+def run_cli(
+    *args: str, timeout: int = 600, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``lvrl ARGS`` in a subprocess (offline wandb); fails the test with the output if it fails."""
+    result = _run(args, timeout, extra_env)
     assert result.returncode == 0, (
         f"lvrl {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     )
+    return result
+
+
+def run_cli_expecting_failure(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``lvrl ARGS`` that must exit non-zero; returns the result so the message can be checked."""
+    result = _run(args, timeout, None)
+    assert result.returncode != 0, f"lvrl {' '.join(args)} succeeded unexpectedly:\n{result.stderr[-2000:]}"
     return result
 
 
@@ -182,15 +196,6 @@ def test_missing_shards_fail_before_training(
     tiny_model_dir: Path, tmp_path: Path, shards: str, message: str
 ) -> None:
     spec = shards.format(tmp=tmp_path)
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    result = subprocess.run(
-        [sys.executable, "-m", "app", *fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode != 0
+    result = run_cli_expecting_failure(*fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1))
     assert spec in result.stderr and message in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,22 @@
+"""The benchmarks' input: one synthetic video of N frames with its question, through the processor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from datamodules.prompts import chat_messages
+from datamodules.synthetic import SynthConfig, make_sample
+
+
+def video_inputs(processor: Any, frames: int) -> tuple[str, Any]:
+    """``(chat prompt, processor output)`` for a 56x56, 2 fps synthetic video of ``frames`` frames."""
+    row, pixels = make_sample(SynthConfig(num_frames=frames, fps=2.0, size=56), "test", 0)
+    prompt = processor.apply_chat_template(chat_messages(row), tokenize=False, add_generation_prompt=True)
+    metadata = {
+        "fps": 2.0,
+        "total_num_frames": frames,
+        "frames_indices": list(range(frames)),
+        "duration": frames / 2,
+    }
+    encoded = processor(text=[prompt], videos=[pixels], video_metadata=[metadata], return_tensors="pt")
+    return prompt, encoded
