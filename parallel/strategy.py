@@ -6,7 +6,8 @@ What it changes relative to :class:`~lightning.pytorch.strategies.DDPStrategy`:
   and the model's heads against the attention kind, and hands the LightningModule a
   :class:`~parallel.shard.SequenceShard` (``pl_module.sequence_shard``) for the sequence axis;
 - data sharding follows the ``data`` axis: ``data_parallel_rank``/``data_parallel_size`` are
-  what the DataModule reads, so sequence-parallel peers receive the same samples;
+  what the DataModule reads, so sequence-parallel peers receive the same samples, and the
+  module's torchmetrics sync over the data axis only (each question counted once);
 - gradients are reduced explicitly, once per optimizer update, over the right axes: **summed**
   over the sequence axis (each peer holds its slice's share of the gradient) and **averaged**
   over the data axis. The model is therefore not wrapped in ``DistributedDataParallel``, whose
@@ -28,8 +29,10 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.optim import Optimizer
+from torchmetrics import Metric
 
 from parallel.mesh import MeshShape, build_device_mesh, check_attention_heads, mesh_shape
 from parallel.shard import ATTENTION_KINDS, SequenceShard
@@ -111,7 +114,12 @@ class SequenceParallelStrategy(DDPStrategy):
                 self.sequence_parallel_size,
                 self.sequence_parallel_attention,
             )
-        if self.sequence_parallel_size > 1 and not getattr(module, "supports_sequence_parallel", False):
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if (
+            fitting
+            and self.sequence_parallel_size > 1
+            and not getattr(module, "supports_sequence_parallel", False)
+        ):
             # Its peers would each compute the whole gradient, and the sum over the sequence axis
             # would count it sequence_parallel_size times.
             raise ValueError(
@@ -119,6 +127,12 @@ class SequenceParallelStrategy(DDPStrategy):
                 "trainer.strategy.init_args.sequence_parallel_size: 1 (plain data parallelism)"
             )
         module.sequence_shard = self.sequence_shard
+        if self.sequence_parallel_size > 1 and self.device_mesh is not None:
+            # Peers evaluate the same questions: metrics sync over the data axis only, so that
+            # every question is counted once.
+            for metric in module.modules():
+                if isinstance(metric, Metric):
+                    metric.process_group = self.device_mesh.get_group("data")
 
     # -- gradients ----------------------------------------------------------------------------
     def configure_ddp(self) -> None:

@@ -169,3 +169,22 @@ def test_sp2_runs_under_torchrun(tiny_model_dir: Path, synth_dir: Path, tmp_path
     assert result.returncode == 0, result.stderr[-4000:]
     assert len(logged(run_dir, "train/loss")) == 2
     assert max(logged(run_dir, "rollout/logprob_diff_max")) < 1e-3
+
+
+def test_validation_under_sequence_parallelism_counts_each_question_once(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    """Sequence-parallel peers evaluate the same questions; the 8 validation questions count once."""
+    result = run_cli(
+        "validate",
+        "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
+        "--trainer.default_root_dir", str(tmp_path / "run"),
+        "--trainer.devices", "2",
+        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
+        "--trainer.strategy.process_group_backend", "gloo",
+        "--model.init_args.model_path", str(tiny_model_dir),
+        "--model.init_args.max_new_tokens", "8",
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    )  # fmt: skip
+    overall = [line.split() for line in result.stderr.splitlines() if line.startswith("overall")]
+    assert overall and overall[0][1] == "8", overall
