@@ -78,6 +78,12 @@ class SequenceParallelStrategy(DDPStrategy):
         self.device_mesh: DeviceMesh | None = None
 
     # -- mesh ---------------------------------------------------------------------------------
+    def _configure_launcher(self) -> None:
+        # Called while the Trainer is built, once devices and nodes are known and before any
+        # process is launched: the earliest point where a bad layout can be refused.
+        mesh_shape(self.num_nodes * self.num_processes, self.sequence_parallel_size)
+        super()._configure_launcher()
+
     def setup_environment(self) -> None:
         self.shape = mesh_shape(self.num_nodes * self.num_processes, self.sequence_parallel_size)
         super().setup_environment()  # initialises the default process group
