@@ -37,14 +37,29 @@ def _pass_on(tensors: list[torch.Tensor], shard: SequenceShard) -> list[torch.Te
     return received
 
 
-def _block_scores(query: torch.Tensor, key: torch.Tensor, scaling: float, diagonal: bool) -> torch.Tensor:
-    """``(B, H, Lq, Lk)`` scaled scores; the own (diagonal) block is masked causally."""
+QUERY_CHUNK = 1024
+"""Queries scored at a time against a key/value block: bounds the transient score matrix to
+``QUERY_CHUNK x block`` per head, whatever the slice length."""
+
+
+def _chunk_scores(
+    query: torch.Tensor, key: torch.Tensor, scaling: float, causal_from: int | None
+) -> torch.Tensor:
+    """``(B, H, chunk, Lk)`` scaled scores of a query chunk against a key block.
+
+    ``causal_from``: for the rank's own block, the index of the chunk's first query within the
+    block (keys after a query are masked); None for a block that lies wholly in the past.
+    """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if diagonal:
-        length = query.shape[2]
-        future = torch.ones(length, length, dtype=torch.bool, device=query.device).triu(1)
+    if causal_from is not None:
+        rows = torch.arange(causal_from, causal_from + query.shape[2], device=query.device)
+        future = torch.arange(key.shape[2], device=query.device).unsqueeze(0) > rows.unsqueeze(1)
         scores = scores.masked_fill(future, float("-inf"))
     return scores
+
+
+def _chunks(length: int) -> list[slice]:
+    return [slice(start, min(start + QUERY_CHUNK, length)) for start in range(0, length, QUERY_CHUNK)]
 
 
 class _RingAttention(torch.autograd.Function):
@@ -66,13 +81,14 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             source = (rank - step) % size
             if source <= rank:  # later ranks' blocks are entirely in the future
-                scores = _block_scores(q, k, scaling, diagonal=source == rank)
-                new_max = torch.maximum(row_max, scores.amax(dim=-1))
-                correction = torch.exp(row_max - new_max)  # exp(-inf) = 0 before the first block
-                weights = torch.exp(scores - new_max.unsqueeze(-1))
-                out = out * correction.unsqueeze(-1) + torch.matmul(weights, v)
-                row_sum = row_sum * correction + weights.sum(dim=-1)
-                row_max = new_max
+                for rows in _chunks(q.shape[2]):
+                    scores = _chunk_scores(q[:, :, rows], k, scaling, rows.start if source == rank else None)
+                    new_max = torch.maximum(row_max[:, :, rows], scores.amax(dim=-1))
+                    correction = torch.exp(row_max[:, :, rows] - new_max)  # exp(-inf) = 0 at first
+                    weights = torch.exp(scores - new_max.unsqueeze(-1))
+                    out[:, :, rows] = out[:, :, rows] * correction.unsqueeze(-1) + torch.matmul(weights, v)
+                    row_sum[:, :, rows] = row_sum[:, :, rows] * correction + weights.sum(dim=-1)
+                    row_max[:, :, rows] = new_max
             if step < size - 1:
                 k, v = _pass_on([k, v], shard)
         out = out / row_sum.unsqueeze(-1)
@@ -94,12 +110,14 @@ class _RingAttention(torch.autograd.Function):
         for step in range(size):
             source = (rank - step) % size
             if source <= rank:
-                scores = _block_scores(q, k, scaling, diagonal=source == rank)
-                probs = torch.exp(scores - log_sum_exp.unsqueeze(-1))
-                d_v = d_v + torch.matmul(probs.transpose(-1, -2), d_out)
-                d_scores = probs * (torch.matmul(d_out, v.transpose(-1, -2)) - delta)
-                d_q = d_q + torch.matmul(d_scores, k) * scaling
-                d_k = d_k + torch.matmul(d_scores.transpose(-1, -2), q) * scaling
+                for rows in _chunks(q.shape[2]):
+                    q_rows, d_out_rows = q[:, :, rows], d_out[:, :, rows]
+                    scores = _chunk_scores(q_rows, k, scaling, rows.start if source == rank else None)
+                    probs = torch.exp(scores - log_sum_exp[:, :, rows].unsqueeze(-1))
+                    d_v = d_v + torch.matmul(probs.transpose(-1, -2), d_out_rows)
+                    d_scores = probs * (torch.matmul(d_out_rows, v.transpose(-1, -2)) - delta[:, :, rows])
+                    d_q[:, :, rows] += torch.matmul(d_scores, k) * scaling
+                    d_k = d_k + torch.matmul(d_scores.transpose(-1, -2), q_rows) * scaling
             # After P hops a block and its gradient accumulator are back with their owner.
             k, v, d_k, d_v = _pass_on([k, v, d_k, d_v], shard)
         return d_q.to(query.dtype), d_k.to(key.dtype), d_v.to(value.dtype), None, None

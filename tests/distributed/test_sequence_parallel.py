@@ -55,6 +55,9 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
         "gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size
     )
     torch.set_num_threads(1)
+    import parallel.ring
+
+    parallel.ring.QUERY_CHUNK = 16  # several query chunks per block, so the chunk offsets are exercised
     scoring, videos = torch.load(inputs, weights_only=False)
     model = load_model(model_dir).train()
     for attention in ATTENTIONS:
