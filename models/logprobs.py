@@ -118,8 +118,8 @@ def completion_logprobs(
     """
     device = next(model.parameters()).device
     embeddings = input_embeddings(model, batch, video_embeds, device)
-    groups = prompt_groups(batch, video_embeds)
-    if share_prompts and len(set(groups)) < len(groups):
+    groups = prompt_groups(batch, video_embeds) if share_prompts else []
+    if len(set(groups)) < len(groups):
         first_logits, completion_logits = _shared_prompt_logits(model, batch, embeddings, groups, device)
     else:
         first_logits, completion_logits = _full_sequence_logits(model, batch, embeddings, device)

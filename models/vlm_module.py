@@ -70,7 +70,6 @@ class VLMModule(L.LightningModule):
         self.val_scores = MultipleChoiceScores()
         self._processor: Any = None
         self.last_val_scores: dict[str, float] = {}
-        self.sample_completions: list[dict[str, Any]] = []
         self.val_predictions: list[dict[str, Any]] = []
         self.sequence_shard: SequenceShard | None = None
         """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
@@ -202,8 +201,6 @@ class VLMModule(L.LightningModule):
             [m["category"] for m in meta],
             [r["format"] for r in records],
         )
-        if batch_idx == 0:
-            self.sample_completions = records
         self.val_predictions.extend(records)
         if "labels" in batch:
             self.log("val/loss", self.token_mean_loss(batch), batch_size=len(meta), sync_dist=True)
@@ -220,7 +217,6 @@ class VLMModule(L.LightningModule):
         self.last_val_scores = scores
         if not self.trainer.sanity_checking:
             self._write_predictions()
-        self.val_predictions = []
         for name, value in scores.items():
             if not name.startswith("count"):
                 self.log(f"val/{name}", value, sync_dist=False)
@@ -228,11 +224,12 @@ class VLMModule(L.LightningModule):
             rank_zero_info(
                 "\n" + format_accuracy_table(scores, title=f"Validation of {self.hparams.model_path}")
             )
-            for sample in self.sample_completions[:2]:
+            for sample in self.val_predictions[:2]:
                 rank_zero_info(
                     f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
                     f"{sample['completion']!r}"
                 )
+        self.val_predictions = []
 
     def _write_predictions(self) -> None:
         """One JSON line per validation question (each rank writes the questions it saw)."""

@@ -83,24 +83,24 @@ def sequence_parallel_completion_logprobs(
     # on): for a long video, the prompt positions' full-vocabulary logits would be the largest
     # tensor of the pass. A slice that is all prompt keeps none.
     keep_from = min(max(first, min(batch.prompt_lengths) - 1), first + width)
-    keep = torch.arange(keep_from, first + width) - first
+    keep = (torch.arange(keep_from, first + width) - first).to(device)
     logits = model(
         inputs_embeds=embeddings[:, mine],
         position_ids=positions[:, :, mine].to(device),
         attention_mask=None,
         use_cache=False,
         sequence_shard=shard,
-        logits_to_keep=keep.to(device),
+        logits_to_keep=keep,
     ).logits
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    kept_targets = targets[:, mine][:, keep].to(device)
+    kept_targets = targets[:, mine].to(device)[:, keep]
     local = torch.zeros(rows, width, device=device)
-    local[:, keep.to(device)] = log_probs.gather(-1, kept_targets.unsqueeze(-1)).squeeze(-1)
+    local[:, keep] = log_probs.gather(-1, kept_targets.unsqueeze(-1)).squeeze(-1)
     per_position = gather_slices(local, shard, dim=1)
     if entropy is not None:
         with torch.no_grad():
             local_entropy = torch.zeros(rows, width, device=device)
-            local_entropy[:, keep.to(device)] = -(log_probs.exp() * log_probs).sum(-1)
+            local_entropy[:, keep] = -(log_probs.exp() * log_probs).sum(-1)
             entropy_per_position = gather_slices(local_entropy, shard, dim=1)
     out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
     for i, start in enumerate(batch.prompt_lengths):

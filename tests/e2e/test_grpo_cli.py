@@ -38,15 +38,20 @@ EXPECTED_METRICS = (
 )
 
 
-def tiny_grpo_config(tmp_path: Path, engine: str) -> Path:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo.yaml").read_text())
+def tiny_rollout_settings(source: str, engine: str = "vllm") -> dict:
+    """A demo GRPO config with rollouts small enough for the tiny model: 4 completions of 8 tokens."""
+    config = yaml.safe_load((REPO_ROOT / source).read_text())
     rollout = config["trainer"]["callbacks"][0]
     assert rollout["class_path"] == "callbacks.rl_rollout.RolloutCallback"
     rollout["init_args"].update(
         engine=engine, num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
     )
+    return config
+
+
+def tiny_grpo_config(tmp_path: Path, engine: str) -> Path:
     path = tmp_path / f"grpo-{engine}.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path.write_text(yaml.safe_dump(tiny_rollout_settings("configs/demo/grpo.yaml", engine)))
     return path
 
 

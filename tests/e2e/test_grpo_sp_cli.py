@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT
+from test_grpo_cli import tiny_rollout_settings
 from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
 
 from models.grpo import RolloutBatch, loss_normalizers
@@ -32,11 +33,10 @@ def free_port() -> int:
 
 
 def sp_config(tmp_path: Path, attention: str) -> Path:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo_sp2.yaml").read_text())
+    config = tiny_rollout_settings("configs/demo/grpo_sp2.yaml")
     assert config["trainer"]["devices"] == 2
     config["trainer"]["strategy"]["init_args"]["sequence_parallel_attention"] = attention
     callbacks = config["trainer"]["callbacks"]
-    callbacks[0]["init_args"].update(num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1)
     callbacks.insert(
         1,
         {
@@ -135,10 +135,9 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     assert time.perf_counter() - started < 120
 
 
-def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
-    """SFT does not score with a shard: its peers would each add the whole gradient."""
-    result = run_cli_expecting_failure(
-        "fit",
+def sft_under_sp2_args(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> list[str]:
+    """The SFT demo config on 2 processes under SequenceParallelStrategy (sequence size 2)."""
+    return [
         "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
         "--trainer.default_root_dir", str(tmp_path / "run"),
         "--trainer.devices", "2",
@@ -146,7 +145,12 @@ def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, t
         "--trainer.strategy.process_group_backend", "gloo",
         "--model.init_args.model_path", str(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    )  # fmt: skip
+    ]  # fmt: skip
+
+
+def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    """SFT does not score with a shard: its peers would each add the whole gradient."""
+    result = run_cli_expecting_failure("fit", *sft_under_sp2_args(tiny_model_dir, synth_dir, tmp_path))
     assert "SFTModule does not split sequences across ranks" in result.stderr
 
 
@@ -177,14 +181,8 @@ def test_validation_under_sequence_parallelism_counts_each_question_once(
     """Sequence-parallel peers evaluate the same questions; the 8 validation questions count once."""
     result = run_cli(
         "validate",
-        "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--trainer.devices", "2",
-        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
-        "--trainer.strategy.process_group_backend", "gloo",
-        "--model.init_args.model_path", str(tiny_model_dir),
+        *sft_under_sp2_args(tiny_model_dir, synth_dir, tmp_path),
         "--model.init_args.max_new_tokens", "8",
-        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
     )  # fmt: skip
     overall = [line.split() for line in result.stderr.splitlines() if line.startswith("overall")]
     assert overall and overall[0][1] == "8", overall
