@@ -48,7 +48,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         test_shards: the same for testing.
         processor_path: model directory whose processor (tokenizer, chat template, video
             processor) prepares the inputs; usually linked to the model's path.
-        num_frames: frames sampled uniformly over each video.
+        num_frames: frames sampled uniformly over each video (the cap when ``sample_fps`` is set).
+        sample_fps: sample this many frames per second of video instead (a 10-minute video at
+            0.1 gives 60 frames), never more than ``num_frames``; ``null``: always ``num_frames``.
         max_pixels_per_frame: pixel budget of a frame; frames are resized while decoding to the
             largest multiple-of-28 size within it (128*28*28 is the paper's setting).
         batch_size: samples per training batch and data-parallel rank.
@@ -69,6 +71,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         test_shards: str | list[str] | None = None,
         processor_path: str = "",
         num_frames: int = 64,
+        sample_fps: float | None = None,
         max_pixels_per_frame: int = 128 * 28 * 28,
         batch_size: int = 4,
         val_batch_size: int | None = None,
@@ -79,6 +82,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         worker_start_method: str = "spawn",
     ) -> None:
         super().__init__()
+        if sample_fps is not None and sample_fps <= 0:
+            raise ValueError(f"data.sample_fps={sample_fps} must be positive (or null for num_frames always)")
         if worker_start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"worker_start_method must be spawn, fork or forkserver: {worker_start_method}")
         self.save_hyperparameters()
@@ -107,6 +112,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             shards,
             num_frames=self.hparams.num_frames,
             max_pixels=self.hparams.max_pixels_per_frame,
+            sample_fps=self.hparams.sample_fps,
             data_parallel_rank=rank,
             data_parallel_size=size,
             shuffle=train,

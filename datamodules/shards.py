@@ -13,7 +13,7 @@ import glob
 import json
 import os
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,108 @@ def _check_key(key: str, seen: set[str]) -> None:
     seen.add(key)
 
 
+class ShardWriter:
+    """Writes samples into ``{out_dir}/{split}-{index:05d}.tar``, starting a new shard at a size limit.
+
+    Each sample becomes ``<key>.<video extension>`` (the video bytes as given) and
+    ``<key>.json``. A shard is written as ``<name>.partial`` and renamed when complete, so a
+    crash never leaves a truncated shard under a final name; :meth:`close` (or leaving the
+    ``with`` block) completes the last shard, and an exception drops it.
+
+    Args:
+        out_dir: folder for the shards (created if missing).
+        split: shard name prefix, e.g. ``"train"``.
+        max_samples_per_shard: samples per tar at most.
+        max_bytes_per_shard: video + JSON bytes per tar at most (a single larger sample gets
+            a shard of its own); ``None``: no byte limit.
+        first_index: number of the first shard written (a resumed build continues numbering).
+        on_shard_done: called with each completed shard's path, before the next one starts.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        split: str,
+        *,
+        max_samples_per_shard: int = 256,
+        max_bytes_per_shard: int | None = None,
+        first_index: int = 0,
+        on_shard_done: Callable[[str], None] | None = None,
+    ) -> None:
+        if max_samples_per_shard < 1:
+            raise ValueError(f"max_samples_per_shard={max_samples_per_shard} must be at least 1")
+        if max_bytes_per_shard is not None and max_bytes_per_shard < 1:
+            raise ValueError(f"max_bytes_per_shard={max_bytes_per_shard} must be positive")
+        if not split or "/" in split or "." in split:
+            raise ValueError(f"invalid split name {split!r}")
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.split = split
+        self.max_samples = max_samples_per_shard
+        self.max_bytes = max_bytes_per_shard
+        self.next_index = first_index
+        self.on_shard_done = on_shard_done
+        self.paths: list[str] = []
+        """Shards completed by this writer, in order."""
+        self._seen: set[str] = set()
+        self._writer: wds.TarWriter | None = None
+        self._partial = self._final = Path()
+        self._samples = self._bytes = 0
+
+    def write(self, key: str, video: bytes, row: Mapping[str, Any], video_extension: str = "mp4") -> None:
+        """Add one sample; ``key`` must be unique and contain no dot."""
+        _check_key(key, self._seen)
+        # We encode ourselves (the TarWriter's encoder is off): the JSON bytes are exactly ours.
+        row_bytes = json.dumps(row, ensure_ascii=False).encode("utf-8")
+        size = len(video) + len(row_bytes)
+        if self._writer is not None and (
+            self._samples >= self.max_samples
+            or (self.max_bytes is not None and self._bytes + size > self.max_bytes)
+        ):
+            self._finish_shard()
+        if self._writer is None:
+            self._final = self.out / shard_name(self.split, self.next_index)
+            self._partial = self._final.with_name(self._final.name + ".partial")
+            self._writer = wds.TarWriter(
+                str(self._partial), user=_TAR_OWNER, group=_TAR_OWNER, mtime=_TAR_MTIME, encoder=False
+            )
+        self._writer.write({"__key__": key, video_extension: bytes(video), "json": row_bytes})
+        self._samples += 1
+        self._bytes += size
+
+    def _finish_shard(self) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        self._writer = None
+        os.replace(self._partial, self._final)
+        self.paths.append(str(self._final))
+        self.next_index += 1
+        self._samples = self._bytes = 0
+        if self.on_shard_done is not None:
+            self.on_shard_done(str(self._final))
+
+    def close(self) -> None:
+        """Complete the shard being written (if any)."""
+        if self._writer is not None:
+            self._finish_shard()
+
+    def abort(self) -> None:
+        """Drop the shard being written (an interrupted build resumes from the last complete one)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._partial.unlink(missing_ok=True)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 def write_shards(
     samples: Iterable[tuple[str, bytes, Mapping[str, Any]]],
     out_dir: str | Path,
@@ -72,8 +174,7 @@ def write_shards(
 ) -> list[str]:
     """Write ``(key, video bytes, JSON row)`` samples into ``{out_dir}/{split}-{index:05d}.tar``.
 
-    Each sample becomes ``<key>.mp4`` (``video_extension``) and ``<key>.json`` in the tar.
-    A new shard starts every ``max_samples_per_shard`` samples; no samples, no shard.
+    A :class:`ShardWriter` with a sample-count limit; no samples, no shard.
 
     Args:
         samples: ``(key, video_bytes, row)``; keys must be unique and contain no dot.
@@ -87,48 +188,10 @@ def write_shards(
     Returns:
         The paths of the written shards, in order.
     """
-    if max_samples_per_shard < 1:
-        raise ValueError(f"max_samples_per_shard={max_samples_per_shard} must be at least 1")
-    if not split or "/" in split or "." in split:
-        raise ValueError(f"invalid split name {split!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths: list[str] = []
-    seen: set[str] = set()
-    writer: wds.TarWriter | None = None
-    partial_path = final_path = Path()
-    in_shard = 0
-
-    def finish_shard() -> None:
-        assert writer is not None
-        writer.close()
-        os.replace(partial_path, final_path)
-        paths.append(str(final_path))
-
-    try:
+    with ShardWriter(out_dir, split, max_samples_per_shard=max_samples_per_shard) as writer:
         for key, video, row in tqdm(samples, total=total, desc=split, unit="sample", disable=not progress):
-            _check_key(key, seen)
-            if writer is None or in_shard >= max_samples_per_shard:
-                if writer is not None:
-                    finish_shard()
-                final_path = out / shard_name(split, len(paths))
-                partial_path = final_path.with_name(final_path.name + ".partial")
-                writer = wds.TarWriter(
-                    str(partial_path), user=_TAR_OWNER, group=_TAR_OWNER, mtime=_TAR_MTIME, encoder=False
-                )
-                in_shard = 0
-            # We encode ourselves (encoder=False): the JSON bytes are then exactly what we chose.
-            row_bytes = json.dumps(row, ensure_ascii=False).encode("utf-8")
-            writer.write({"__key__": key, video_extension: bytes(video), "json": row_bytes})
-            in_shard += 1
-        if writer is not None:
-            finish_shard()
-            writer = None
-    finally:
-        if writer is not None:  # an exception mid-shard: drop the incomplete file
-            writer.close()
-            partial_path.unlink(missing_ok=True)
-    return paths
+            writer.write(key, video, row, video_extension)
+    return writer.paths
 
 
 def count_samples(shard: str | Path) -> int:

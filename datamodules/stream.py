@@ -26,7 +26,8 @@ from datamodules.video import SampledVideo, VideoDecodeError, decode_video
 
 log = logging.getLogger(__name__)
 
-VIDEO_EXTENSIONS = ("mp4", "webm", "mkv")
+VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi")
+"""Video members a sample may hold (``lvrl data build`` keeps each file's own container)."""
 
 
 @dataclass
@@ -78,7 +79,8 @@ class VideoQAStream(IterableDataset):
 
     Args:
         shards: shard paths (already resolved; see :func:`datamodules.shards.resolve_shards`).
-        num_frames: frames sampled uniformly over each video.
+        num_frames: frames sampled uniformly over each video (the cap when ``sample_fps`` is set).
+        sample_fps: sample this many frames per second of video instead, up to ``num_frames``.
         max_pixels: per-frame pixel budget; frames are resized to fit it while decoding.
         data_parallel_rank / data_parallel_size: this rank's place among data-parallel replicas.
         shuffle: shuffle shard order each epoch and samples within a buffer.
@@ -93,6 +95,7 @@ class VideoQAStream(IterableDataset):
         *,
         num_frames: int,
         max_pixels: int,
+        sample_fps: float | None = None,
         data_parallel_rank: int = 0,
         data_parallel_size: int = 1,
         shuffle: bool = False,
@@ -104,6 +107,7 @@ class VideoQAStream(IterableDataset):
         self.shards = list(shards)
         self.num_frames = num_frames
         self.max_pixels = max_pixels
+        self.sample_fps = sample_fps
         self.data_parallel_rank = data_parallel_rank
         self.data_parallel_size = data_parallel_size
         self.shuffle = shuffle
@@ -152,7 +156,7 @@ class VideoQAStream(IterableDataset):
             self._reject(shard, key, f"no video member (looked for {', '.join(VIDEO_EXTENSIONS)})")
             return None
         try:
-            video = decode_video(raw[video_ext], self.num_frames, self.max_pixels)
+            video = decode_video(raw[video_ext], self.num_frames, self.max_pixels, sample_fps=self.sample_fps)
         except VideoDecodeError as err:
             self._reject(shard, key, f"bad video ({err})")
             return None

@@ -1,14 +1,17 @@
-"""Video bytes in and out with PyAV: mp4 encoding, uniform frame sampling, resizing to a pixel budget.
+"""Video bytes in and out with PyAV: encoding, probing, frame sampling, resizing to a pixel budget.
 
 Decoding keeps only the sampled frames, already resized, so host memory stays at
-``num_frames x budget`` whatever the source resolution (host-RAM exhaustion is the most
-common failure of long-video training).
+``num_frames x budget`` whatever the source resolution or length (host-RAM exhaustion is the
+most common failure of long-video training). Sampled frames are found by timestamp, and the
+decoder seeks (to the keyframe before a frame) whenever the next sampled frame is far ahead,
+so 64 frames of an hour-long video cost 64 short decodes, not 90,000 frames.
 """
 
 from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -96,12 +99,23 @@ def uniform_frame_indices(total_num_frames: int, num_frames: int) -> list[int]:
     return [int((i + 0.5) * total_num_frames / count) for i in range(count)]
 
 
-def encode_mp4(frames: np.ndarray, fps: float, codec: str = "libx264") -> bytes:
-    """Encode uint8 RGB frames ``(T, H, W, 3)`` into mp4 bytes (H, W even for yuv420p)."""
+CONTAINER_CODECS: dict[str, str] = {"mp4": "libx264", "webm": "libvpx-vp9", "mkv": "libx264"}
+"""Default codec per container written by :func:`encode_video` (by file extension)."""
+_CONTAINER_FORMATS = {"mp4": "mp4", "webm": "webm", "mkv": "matroska"}
+
+
+def encode_video(frames: np.ndarray, fps: float, extension: str = "mp4", codec: str | None = None) -> bytes:
+    """Encode uint8 RGB frames ``(T, H, W, 3)`` into ``mp4``, ``webm`` or ``mkv`` bytes (H, W even).
+
+    The default codec per container is :data:`CONTAINER_CODECS`.
+    """
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"expected uint8 frames (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    if extension not in _CONTAINER_FORMATS:
+        raise ValueError(f"unknown container {extension!r}; expected one of {tuple(_CONTAINER_FORMATS)}")
+    codec = codec or CONTAINER_CODECS[extension]
     buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format="mp4") as container:
+    with av.open(buffer, mode="w", format=_CONTAINER_FORMATS[extension]) as container:
         stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
@@ -119,50 +133,165 @@ def encode_mp4(frames: np.ndarray, fps: float, codec: str = "libx264") -> bytes:
     return buffer.getvalue()
 
 
-def _count_frames(stream: av.video.stream.VideoStream) -> int:
-    if stream.frames:
-        return int(stream.frames)
-    if stream.duration is not None and stream.time_base is not None and stream.average_rate:
-        return max(1, round(float(stream.duration * stream.time_base * stream.average_rate)))
-    return 0
+def encode_mp4(frames: np.ndarray, fps: float, codec: str = "libx264") -> bytes:
+    """Encode uint8 RGB frames ``(T, H, W, 3)`` into mp4 bytes (H, W even for yuv420p)."""
+    return encode_video(frames, fps, "mp4", codec)
 
 
-def decode_video(source: bytes | str | Path, num_frames: int, max_pixels: int) -> SampledVideo:
-    """Decode ``num_frames`` uniformly spaced frames, each resized to fit ``max_pixels``.
+@dataclass(frozen=True)
+class VideoInfo:
+    """What a video's headers say, checked by decoding (see :func:`probe_video`)."""
 
-    Raises :class:`VideoDecodeError` for an unreadable, empty or truncated video (one that
-    yields fewer frames than its header announces), never returns a partial result.
+    fps: float
+    num_frames: int
+    """Frames in the video: the container's count, or duration x fps where it has none (webm, mkv)."""
+    width: int
+    height: int
+    codec: str
+    exact_count: bool
+    """Whether ``num_frames`` comes from the container's frame count rather than its duration."""
+
+    @property
+    def duration(self) -> float:
+        return self.num_frames / self.fps
+
+
+# Where a container has no frame count, the duration-based estimate may be off by a frame or
+# two; a sampled frame that far past the last decoded one still counts as found.
+_ESTIMATE_SLACK_FRAMES = 2.0
+# Seek rather than decode forward when the next sampled frame is more than this many frames
+# ahead (and further than the decoder has had to walk from a keyframe after earlier seeks).
+_SEEK_MIN_GAP_FRAMES = 48
+
+
+def _open(source: bytes | str | Path) -> av.container.InputContainer:
+    return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+
+
+def _video_info(container: av.container.InputContainer) -> tuple[av.video.stream.VideoStream, VideoInfo]:
+    if not container.streams.video:
+        raise VideoDecodeError("no video stream")
+    stream = container.streams.video[0]
+    fps = float(stream.average_rate or stream.guessed_rate or 0)
+    if fps <= 0:
+        raise VideoDecodeError("unknown frame rate")
+    exact = bool(stream.frames)
+    if exact:
+        count = int(stream.frames)
+    else:
+        if stream.duration is not None and stream.time_base is not None:
+            seconds = float(stream.duration * stream.time_base)
+        elif container.duration is not None:
+            seconds = container.duration / av.time_base
+        else:
+            raise VideoDecodeError("neither a frame count nor a duration in the headers")
+        count = max(1, round(seconds * fps))
+    context = stream.codec_context
+    if context is None or not context.width or not context.height:
+        raise VideoDecodeError("the video stream has no decoder or no frame size")
+    return stream, VideoInfo(fps, count, context.width, context.height, context.name, exact)
+
+
+def _frames_at(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    info: VideoInfo,
+    wanted: Sequence[int],
+) -> Iterator[tuple[int, av.VideoFrame]]:
+    """Yield ``(index, frame)`` for each distinct wanted frame index, ascending, seeking over gaps.
+
+    A frame's index is its presentation time x fps (from the stream start), so seeking never
+    loses count. Raises :class:`VideoDecodeError` when the stream ends before a wanted frame.
     """
-    stream_source = io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    period = 1.0 / info.fps
+    start = float(stream.start_time * stream.time_base) if stream.start_time is not None else 0.0
+    slack = _ESTIMATE_SLACK_FRAMES if not info.exact_count else 0.5
+    decoder: Iterator[av.VideoFrame] | None = None
+    current: av.VideoFrame | None = None
+    current_index = -1.0
+    walk_from_keyframe = 0.0  # frames decoded after a seek before the wanted one, at most
+    for index in sorted(set(wanted)):
+        gap = index - current_index
+        if decoder is None or gap > max(_SEEK_MIN_GAP_FRAMES, 2 * walk_from_keyframe):
+            if decoder is not None or index > _SEEK_MIN_GAP_FRAMES:
+                target = int((start + index * period) / stream.time_base)
+                container.seek(target, stream=stream, backward=True, any_frame=False)
+            decoder = container.decode(stream)
+            current, current_index, seek_index = None, -1.0, None
+        else:
+            seek_index = -1.0  # no seek: not a measure of keyframe distance
+        while current is None or current_index < index - 0.5:
+            frame = next(decoder, None)
+            if frame is None:
+                break
+            # Frames without a timestamp follow the previous one.
+            seconds = frame.time
+            current_index = (seconds - start) * info.fps if seconds is not None else current_index + 1
+            current = frame
+            if seek_index is None:
+                seek_index = current_index
+        if current is None or current_index < index - slack:
+            raise VideoDecodeError(
+                f"the stream ends before frame {index} (last decoded: {max(current_index, -1):.0f}; "
+                f"the headers say {info.num_frames} frames): truncated or corrupt"
+            )
+        if seek_index is not None and seek_index >= 0:
+            walk_from_keyframe = max(walk_from_keyframe, index - seek_index)
+        yield index, current
+
+
+def probe_video(source: bytes | str | Path) -> VideoInfo:
+    """Read a video's headers and check that its first and last frames decode.
+
+    Raises :class:`VideoDecodeError` for an unreadable, empty or truncated video. Costs two
+    short decodes (the last frame is reached by seeking), whatever the video's length.
+    """
     try:
-        with av.open(stream_source) as container:
-            if not container.streams.video:
-                raise VideoDecodeError("no video stream")
-            stream = container.streams.video[0]
-            fps = float(stream.average_rate or stream.guessed_rate or 0)
-            if fps <= 0:
-                raise VideoDecodeError("unknown frame rate")
-            total = _count_frames(stream)
-            indices = uniform_frame_indices(total, num_frames)
-            height, width = fit_to_pixel_budget(stream.height, stream.width, max_pixels)
-            wanted: dict[int, int] = {}
-            for idx in indices:
-                wanted[idx] = wanted.get(idx, 0) + 1
-            frames: list[np.ndarray] = []
-            for position, frame in enumerate(container.decode(stream)):
-                repeats = wanted.get(position, 0)
-                if repeats:
-                    rgb = frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
-                    frames.extend([rgb] * repeats)
-                if len(frames) == len(indices):
-                    break
+        with _open(source) as container:
+            stream, info = _video_info(container)
+            for _ in _frames_at(container, stream, info, [0, info.num_frames - 1]):
+                pass
     except VideoDecodeError:
         raise
-    except (av.error.FFmpegError, OSError, ValueError) as err:
+    except (av.error.FFmpegError, OSError, ValueError, RuntimeError, AttributeError) as err:
         raise VideoDecodeError(f"cannot decode video: {err}") from err
-    if len(frames) != len(indices):
-        raise VideoDecodeError(
-            f"decoded {len(frames)} of {len(indices)} sampled frames (header says {total}): "
-            "truncated or corrupt"
-        )
-    return SampledVideo(np.stack(frames), fps, total, tuple(indices))
+    return info
+
+
+def sampled_frame_count(total_num_frames: int, fps: float, num_frames: int, sample_fps: float | None) -> int:
+    """How many frames to sample: ``num_frames``, or ``sample_fps`` per second capped at ``num_frames``.
+
+    >>> sampled_frame_count(3600, 1.0, 64, None), sampled_frame_count(3600, 1.0, 64, 0.01)
+    (64, 36)
+    """
+    if sample_fps is None:
+        return num_frames
+    if sample_fps <= 0:
+        raise ValueError(f"sample_fps={sample_fps} must be positive")
+    return max(2, min(num_frames, math.ceil(total_num_frames / fps * sample_fps)))
+
+
+def decode_video(
+    source: bytes | str | Path, num_frames: int, max_pixels: int, *, sample_fps: float | None = None
+) -> SampledVideo:
+    """Decode frames spaced uniformly over the whole video, each resized to fit ``max_pixels``.
+
+    Samples ``num_frames`` frames, or with ``sample_fps`` that many per second of video up to
+    ``num_frames``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
+    video (one that ends before a frame its header announces), never returns a partial result.
+    """
+    try:
+        with _open(source) as container:
+            stream, info = _video_info(container)
+            count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
+            indices = uniform_frame_indices(info.num_frames, count)
+            height, width = fit_to_pixel_budget(info.height, info.width, max_pixels)
+            decoded = {
+                index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
+                for index, frame in _frames_at(container, stream, info, indices)
+            }
+    except VideoDecodeError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, RuntimeError, AttributeError) as err:
+        raise VideoDecodeError(f"cannot decode video: {err}") from err
+    return SampledVideo(np.stack([decoded[i] for i in indices]), info.fps, info.num_frames, tuple(indices))

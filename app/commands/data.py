@@ -1,15 +1,19 @@
-"""Build datasets: render the synthetic long-video task into WebDataset shards.
+"""Build datasets: WebDataset shards from the released LongVideo-Reason files, or the synthetic task.
 
-``lvrl data synth --out data/synth`` writes ``train-*.tar``, ``val-*.tar``, ``test-*.tar``
-(``<key>.mp4`` + ``<key>.json`` per sample) and a ``dataset.json`` manifest.
+``lvrl data build --jsonl train.jsonl --videos-root videos/ --out shards/ --split train``
+converts released rows (see :mod:`datamodules.build`); ``lvrl data synth --out data/synth``
+writes ``train-*.tar``, ``val-*.tar``, ``test-*.tar`` of the synthetic task. Both write
+``<key>.<video>`` + ``<key>.json`` per sample and a ``dataset.json`` manifest.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
+from datamodules.build import BuildError, BuildSettings, build_shards
 from datamodules.shards import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples
 
@@ -28,9 +32,26 @@ def _positive_int(text: str) -> int:
     return value
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def _byte_size(text: str) -> int:
+    """``"1GB"``, ``"500MB"``, ``"2.5G"``, ``"1000000"`` as a number of bytes (powers of 1,000)."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?B?)\s*", text.upper())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 1GB, 500MB or 1000000")
+    number, unit = match.groups()
+    unit = unit if unit.endswith("B") or not unit else unit + "B"
+    value = int(float(number) * _SIZE_UNITS[unit])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return value
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``data`` sub-commands to ``parser``."""
     commands = parser.add_subparsers(dest="data_command", required=True)
+    _register_build(commands)
     defaults = SynthConfig()
     synth = commands.add_parser(
         "synth",
@@ -81,6 +102,77 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace shards and dataset.json already in --out"
     )
     synth.set_defaults(run=run_synth)
+
+
+def _register_build(commands: argparse._SubParsersAction) -> None:
+    build = commands.add_parser(
+        "build",
+        help="convert released LongVideo-Reason JSONL + videos into WebDataset shards",
+        description=(
+            "Convert a released LongVideo-Reason JSONL file and its videos into WebDataset shards "
+            "OUT/SPLIT-NNNNN.tar (original video bytes + normalised JSON with duration and fps). Every "
+            "row is written or listed with its reason in OUT/SPLIT-rejects.jsonl (missing file, "
+            "undecodable, no answer, answer not among the options, duplicate id, ...); OUT/dataset.json "
+            "gets the counts. Re-running after an interruption resumes after the last complete shard."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    build.add_argument("--jsonl", type=Path, required=True, help="released JSONL file (one row per line)")
+    build.add_argument(
+        "--videos-root", type=Path, required=True, help="folder the rows' 'videos' file names are relative to"
+    )
+    build.add_argument("--out", type=Path, required=True, help="output folder for shards and manifest")
+    build.add_argument("--split", default="train", help="split name: shard prefix and manifest entry")
+    build.add_argument(
+        "--shard-size", type=_byte_size, default="1GB", help="bytes per shard at most (1GB, 500MB, ...)"
+    )
+    build.add_argument(
+        "--samples-per-shard", type=_positive_int, default=100_000, help="samples per shard at most"
+    )
+    build.add_argument(
+        "--workers", type=_positive_int, default=1, help="processes probing videos (output is the same)"
+    )
+    build.add_argument(
+        "--overwrite", action="store_true", help="delete this split's shards, rejects and state first"
+    )
+    build.add_argument("--no-progress", action="store_true", help="no progress bar (logs, CI)")
+    build.set_defaults(run=run_build)
+
+
+def run_build(args: argparse.Namespace) -> None:
+    """Handler of ``lvrl data build``: convert, then print what was written and rejected."""
+    settings = BuildSettings(
+        jsonl=args.jsonl,
+        videos_root=args.videos_root,
+        out=args.out,
+        split=args.split,
+        max_bytes_per_shard=args.shard_size,
+        max_samples_per_shard=args.samples_per_shard,
+        workers=args.workers,
+    )
+    try:
+        report = build_shards(settings, overwrite=args.overwrite, progress=not args.no_progress)
+    except BuildError as err:
+        raise SystemExit(f"lvrl data build: error: {err}") from err
+    if report.resumed_from_line > 1:
+        print(f"resumed at line {report.resumed_from_line}")
+    hours = report.stats["duration_s"]["total_hours"]
+    print(
+        f"{report.split}: {report.rows} rows, {report.written} written in {len(report.shards)} shards "
+        f"({hours:.2f} h of video)"
+    )
+    for name, counts in (
+        ("category", report.stats["per_category"]),
+        ("container", report.stats["per_container"]),
+    ):
+        print(f"  per {name}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    rejected = sum(report.rejected.values())
+    reasons = ", ".join(f"{reason} {count}" for reason, count in report.rejected.items())
+    print(
+        f"  rejected {rejected}"
+        + (f": {reasons} (see {args.out / (args.split + '-rejects.jsonl')})" if rejected else "")
+    )
+    print(f"manifest: {args.out / MANIFEST_NAME}")
 
 
 def _existing_outputs(out: Path) -> list[Path]:

@@ -1,13 +1,17 @@
 """PyAV encoding/decoding, uniform sampling and the pixel budget (datamodules/video.py)."""
 
+import av
 import numpy as np
 import pytest
 
+from datamodules import video as video_module
 from datamodules.video import (
     VideoDecodeError,
     decode_video,
     encode_mp4,
+    encode_video,
     fit_to_pixel_budget,
+    probe_video,
     uniform_frame_indices,
 )
 
@@ -56,3 +60,58 @@ def test_damaged_videos_raise_a_clear_error(damage):
     ]
     with pytest.raises(VideoDecodeError):
         decode_video(broken, num_frames=8, max_pixels=56 * 56)
+
+
+@pytest.mark.parametrize("extension", ["mp4", "webm", "mkv"])
+def test_every_container_decodes_the_right_frames(extension):
+    # webm and mkv carry no frame count: it comes from the duration, and decoding still lands
+    # on the frame each index names.
+    data = encode_video(_ramp_video(num_frames=40, height=56, width=56), fps=4.0, extension=extension)
+    info = probe_video(data)
+    assert (info.num_frames, info.fps, info.exact_count) == (40, 4.0, extension == "mp4")
+    video = decode_video(data, num_frames=8, max_pixels=56 * 56)
+    grey = video.frames.reshape(8, -1).mean(axis=1)
+    np.testing.assert_allclose(grey, np.array(video.frame_indices) * 5, atol=3)
+
+
+@pytest.mark.parametrize("extension", ["mp4", "webm"])
+def test_probe_rejects_a_video_cut_short(extension):
+    data = encode_video(_ramp_video(num_frames=120, height=56, width=56), fps=4.0, extension=extension)
+    with pytest.raises(VideoDecodeError):
+        probe_video(data[: len(data) * 2 // 3])
+
+
+def test_seeking_returns_the_same_frames_as_decoding_everything(monkeypatch):
+    # 600 frames with a keyframe every 50: 8 sampled frames are 75 apart, so the decoder seeks.
+    levels = (np.arange(600) % 50 * 5).astype(np.uint8)
+    frames = np.broadcast_to(levels[:, None, None, None], (600, 56, 56, 3)).copy()
+    for i in range(600):
+        frames[i, :8, : 4 + i // 50 * 4] = 255  # which 50-frame block: the bar's length
+    data = encode_video(frames, fps=25.0, codec="mpeg4")  # intra period 12 by default
+    seeks = []
+    original_seek = av.container.InputContainer.seek
+    monkeypatch.setattr(
+        av.container.InputContainer,
+        "seek",
+        lambda self, *a, **k: seeks.append(a) or original_seek(self, *a, **k),
+    )
+    sought = decode_video(data, num_frames=8, max_pixels=56 * 56)
+    assert len(seeks) >= 4
+    monkeypatch.setattr(video_module, "_SEEK_MIN_GAP_FRAMES", 10**9)
+    seeks.clear()
+    walked = decode_video(data, num_frames=8, max_pixels=56 * 56)
+    assert not seeks
+    assert sought.frame_indices == walked.frame_indices
+    np.testing.assert_array_equal(sought.frames, walked.frames)
+    np.testing.assert_allclose(
+        sought.frames[:, 20:, 20:].reshape(8, -1).mean(axis=1),
+        np.array(sought.frame_indices) % 50 * 5,
+        atol=4,
+    )
+
+
+def test_sample_fps_picks_frames_per_second_up_to_the_cap():
+    data = encode_mp4(_ramp_video(num_frames=40, height=56, width=56), fps=4.0)  # 10 s
+    assert decode_video(data, 64, 56 * 56, sample_fps=1.0).frames.shape[0] == 10
+    assert decode_video(data, 6, 56 * 56, sample_fps=1.0).frames.shape[0] == 6
+    assert decode_video(data, 64, 56 * 56, sample_fps=0.01).frames.shape[0] == 2
