@@ -106,6 +106,8 @@ class VideoQACollator:
                     "answer": s.row.answer,
                     "options": list(s.row.options),
                     "problem_type": s.row.problem_type,
+                    "num_frames": len(s.video.frame_indices),
+                    "duration": s.video.duration,
                 }
                 for s in samples
             ],

@@ -51,6 +51,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         num_frames: frames sampled uniformly over each video (the cap when ``sample_fps`` is set).
         sample_fps: sample this many frames per second of video instead (a 10-minute video at
             0.1 gives 60 frames), never more than ``num_frames``; ``null``: always ``num_frames``.
+        val_num_frames: evaluate at each of these frame counts (a frame-count sweep: one
+            validation dataloader per count, in order); ``null``: at ``num_frames`` only.
         max_pixels_per_frame: pixel budget of a frame; frames are resized while decoding to the
             largest multiple-of-28 size within it (128*28*28 is the paper's setting).
         batch_size: samples per training batch and data-parallel rank.
@@ -72,6 +74,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         processor_path: str = "",
         num_frames: int = 64,
         sample_fps: float | None = None,
+        val_num_frames: list[int] | None = None,
         max_pixels_per_frame: int = 128 * 28 * 28,
         batch_size: int = 4,
         val_batch_size: int | None = None,
@@ -84,6 +87,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         super().__init__()
         if sample_fps is not None and sample_fps <= 0:
             raise ValueError(f"data.sample_fps={sample_fps} must be positive (or null for num_frames always)")
+        if val_num_frames is not None and (not val_num_frames or min(val_num_frames) < 2):
+            raise ValueError(f"data.val_num_frames={val_num_frames} must list frame counts of at least 2")
         if worker_start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"worker_start_method must be spawn, fork or forkserver: {worker_start_method}")
         self.save_hyperparameters()
@@ -103,14 +108,21 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             self._processor = AutoProcessor.from_pretrained(self.hparams.processor_path)
         return self._processor
 
-    def _stream(self, spec: str | list[str] | None, name: str, *, train: bool) -> VideoQAStream:
+    @property
+    def val_frame_counts(self) -> list[int]:
+        """Frame count of each validation dataloader, in order."""
+        return list(self.hparams.val_num_frames or [self.hparams.num_frames])
+
+    def _stream(
+        self, spec: str | list[str] | None, name: str, *, train: bool, num_frames: int | None = None
+    ) -> VideoQAStream:
         if not spec:
             raise ValueError(f"data.{name}_shards is not set")
         shards = resolve_shards(spec)
         rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
         return VideoQAStream(
             shards,
-            num_frames=self.hparams.num_frames,
+            num_frames=num_frames or self.hparams.num_frames,
             max_pixels=self.hparams.max_pixels_per_frame,
             sample_fps=self.hparams.sample_fps,
             data_parallel_rank=rank,
@@ -124,19 +136,25 @@ class LongVideoReasonDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         # Resolve shard lists now so a missing path or an empty glob fails before any training.
         self.datasets: dict[str, VideoQAStream] = {}
+        self.val_datasets: list[VideoQAStream] = []
         if stage == "fit":
             self.datasets["train"] = self._stream(self.hparams.train_shards, "train", train=True)
         if stage in ("fit", "validate") and self.hparams.val_shards:
-            self.datasets["val"] = self._stream(self.hparams.val_shards, "val", train=False)
+            self.val_datasets = [
+                self._stream(self.hparams.val_shards, "val", train=False, num_frames=n)
+                for n in self.val_frame_counts
+            ]
         elif stage == "validate":
             raise ValueError("validate needs data.val_shards")
         if stage == "test":
             self.datasets["test"] = self._stream(self.hparams.test_shards, "test", train=False)
 
-    def _loader(self, split: str, batch_size: int, collator: VideoQACollator) -> EpochAwareDataLoader:
+    def _loader(
+        self, dataset: VideoQAStream, batch_size: int, collator: VideoQACollator
+    ) -> EpochAwareDataLoader:
         workers = self.hparams.num_workers
         return EpochAwareDataLoader(
-            self.datasets[split],
+            dataset,
             epoch_fn=lambda: self.trainer.current_epoch if self.trainer is not None else 0,
             batch_size=batch_size,
             num_workers=workers,
@@ -149,14 +167,15 @@ class LongVideoReasonDataModule(L.LightningDataModule):
     def train_dataloader(self) -> EpochAwareDataLoader:
         # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
         collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
-        return self._loader("train", self.hparams.batch_size, collator)
+        return self._loader(self.datasets["train"], self.hparams.batch_size, collator)
 
-    def _eval_loader(self, split: str) -> EpochAwareDataLoader:
+    def _eval_loader(self, dataset: VideoQAStream) -> EpochAwareDataLoader:
         collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
-        return self._loader(split, self.hparams.val_batch_size or self.hparams.batch_size, collator)
+        return self._loader(dataset, self.hparams.val_batch_size or self.hparams.batch_size, collator)
 
     def val_dataloader(self) -> EpochAwareDataLoader | list:
-        return self._eval_loader("val") if "val" in self.datasets else []
+        loaders = [self._eval_loader(dataset) for dataset in self.val_datasets]
+        return loaders[0] if len(loaders) == 1 else loaders
 
     def test_dataloader(self) -> EpochAwareDataLoader:
-        return self._eval_loader("test")
+        return self._eval_loader(self.datasets["test"])

@@ -375,6 +375,31 @@ def encode_sample(config: SynthConfig, split: str, index: int) -> tuple[str, byt
     return row.problem_id, encode_mp4(frames, config.fps), row.to_json()
 
 
+def released_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A synthetic JSON row in the released LongVideo-Reason layout (what ``lvrl data build`` reads).
+
+    The options go into ``problem`` one per line (``A. red``), the answer into
+    ``<answer>X</answer>``; ``category`` is kept, our ground-truth fields are dropped.
+
+    >>> row = {"problem_id": "k", "videos": "k.mp4", "problem": "Which?", "options": ["x", "y"],
+    ...        "problem_type": "multiple choice", "reasoning": "r", "answer": "<answer>B</answer>"}
+    >>> out = released_row({**row, "category": "Plot", "scenes": []})
+    >>> out["problem"], out["answer"], "options" in out
+    ('Which?\\nA. x\\nB. y', '<answer>B</answer>', False)
+    """
+    options = "".join(f"\n{OPTION_LETTERS[i]}. {text}" for i, text in enumerate(row["options"]))
+    return {
+        "problem_id": row["problem_id"],
+        "data_type": "video",
+        "videos": row["videos"],
+        "problem": row["problem"] + options,
+        "problem_type": row["problem_type"],
+        "reasoning": row["reasoning"],
+        "answer": row["answer"],
+        "category": row["category"],
+    }
+
+
 def encoded_samples(
     config: SynthConfig, split: str, count: int, *, workers: int = 1
 ) -> Iterator[tuple[str, bytes, dict[str, Any]]]:

@@ -13,11 +13,12 @@ UNCATEGORISED = "Other"
 
 
 class MultipleChoiceScores(Metric):
-    """Accuracy overall and per category, format rate, and the constant-letter baseline.
+    """Accuracy overall and per category, format rate, unparseable answers, constant-letter baselines.
 
-    The baseline is the accuracy of always answering the most frequent key letter: an answer
-    key can be skewed (always "B" scores 44.1% on LongVideo-Reason's eval split), so a score
-    means little without it.
+    ``baseline/X`` is the accuracy of always answering letter X, and
+    ``constant_letter_baseline`` the best of them: an answer key can be skewed (always "B"
+    scores 44.1% on LongVideo-Reason's eval split), so a score means little without them.
+    ``unparseable`` counts responses with no single clear choice (they score 0).
     """
 
     full_state_update = False
@@ -32,6 +33,7 @@ class MultipleChoiceScores(Metric):
         self.add_state("correct", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("total", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("well_formed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("unparsed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state(
             "key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum"
         )
@@ -50,6 +52,7 @@ class MultipleChoiceScores(Metric):
             self.total[index] += 1
             self.correct[index] += int(pred is not None and pred == answer)
             self.well_formed[index] += int(formed)
+            self.unparsed[index] += int(pred is None)
             if answer in OPTION_LETTERS[: self.num_letters]:
                 self.key_letters[OPTION_LETTERS.index(answer)] += 1
 
@@ -60,7 +63,12 @@ class MultipleChoiceScores(Metric):
             "format_rate": float(self.well_formed.sum()) / max(total, 1),
             "constant_letter_baseline": float(self.key_letters.max()) / max(total, 1),
             "count": float(total),
+            "unparseable": float(self.unparsed.sum()),
         }
+        # Letters A-D always (the usual four options), further ones when the key uses them.
+        used = [i for i in range(self.num_letters) if int(self.key_letters[i])]
+        for i in range(max(4, used[-1] + 1 if used else 0)):
+            scores[f"baseline/{OPTION_LETTERS[i]}"] = float(self.key_letters[i]) / max(total, 1)
         for i, category in enumerate(self.categories):
             if int(self.total[i]):
                 scores[f"accuracy/{category}"] = float(self.correct[i]) / int(self.total[i])
@@ -81,5 +89,6 @@ def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -
     lines.append("-" * (width + 17))
     lines.append(f"{'overall':<{width}}  {int(scores['count']):>5}  {scores['accuracy']:8.1%}")
     lines.append(f"{'format rate':<{width}}  {'':>5}  {scores['format_rate']:8.1%}")
+    lines.append(f"{'unparseable':<{width}}  {int(scores.get('unparseable', 0)):>5}")
     lines.append(f"{'constant letter':<{width}}  {'':>5}  {scores['constant_letter_baseline']:8.1%}")
     return "\n".join(lines)

@@ -4,13 +4,17 @@ Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for a
 greedy generation on the validation split, the answer letter parsed tolerantly, accuracy per
 category logged through :class:`~models.metrics.MultipleChoiceScores`, and every question's
 result written to ``{default_root_dir}/predictions/val-step{N}.jsonl`` (so two evaluations can
-be compared question by question: ``lvrl report compare``).
+be compared question by question: ``lvrl report compare``). A frame-count sweep (the
+datamodule's ``val_num_frames``) gives one validation dataloader per count: each is scored
+on its own and logged as ``val/frames_{N}/...``; the one at the training frame count also
+under the plain ``val/...`` names.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,20 @@ from parallel.shard import SequenceShard
 from rewards.parsing import follows_format, response_choice
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
 from rollout.hf_engine import TransformersEngine
+
+
+@dataclass
+class ValidationResult:
+    """One validation dataloader's outcome (a frame-count sweep has one per frame count)."""
+
+    frames: int | None
+    """Frames sampled per video by this dataloader (None when the datamodule does not say)."""
+    scores: dict[str, float]
+    """:class:`~models.metrics.MultipleChoiceScores` output (synced over data-parallel ranks)."""
+    predictions: list[dict[str, Any]]
+    """Every question this rank saw: key, category, answer, predicted, correct, format, completion."""
+    primary: bool
+    """Whether this dataloader reports under the plain ``val/...`` metric names."""
 
 
 class VLMModule(L.LightningModule):
@@ -67,10 +85,13 @@ class VLMModule(L.LightningModule):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
-        self.val_scores = MultipleChoiceScores()
+        self.val_scores = torch.nn.ModuleList([MultipleChoiceScores()])
         self._processor: Any = None
         self.last_val_scores: dict[str, float] = {}
-        self.val_predictions: list[dict[str, Any]] = []
+        """Scores of the last validation (its primary dataloader's, in a frame-count sweep)."""
+        self.val_results: list[ValidationResult] = []
+        """The last validation, per dataloader: scores and every question's record."""
+        self._val_records: dict[int, list[dict[str, Any]]] = {}
         self.sequence_shard: SequenceShard | None = None
         """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
         self.supports_sequence_parallel = False
@@ -176,7 +197,19 @@ class VLMModule(L.LightningModule):
         )
         return [result.completions[0].text for result in engine.generate(requests, greedy)]
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def on_validation_epoch_start(self) -> None:
+        self._val_records: dict[int, list[dict[str, Any]]] = {}
+
+    def _scores_of(self, loader: int) -> MultipleChoiceScores:
+        # One metric per validation dataloader (a frame-count sweep has several); later ones
+        # share the first one's process group (the strategy sets it for data-parallel sync).
+        while len(self.val_scores) <= loader:
+            metric = MultipleChoiceScores().to(self.device)
+            metric.process_group = self.val_scores[0].process_group
+            self.val_scores.append(metric)
+        return self.val_scores[loader]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         completions = self.generate_answers(batch)
         meta = batch["meta"]
         predicted = [
@@ -191,19 +224,21 @@ class VLMModule(L.LightningModule):
                 "predicted": p,
                 "correct": p == m["answer"],
                 "format": follows_format(c),
+                "num_frames": m["num_frames"],
                 "completion": c,
             }
             for m, p, c in zip(meta, predicted, completions, strict=True)
         ]
-        self.val_scores.update(
+        self._scores_of(dataloader_idx).update(
             predicted,
             [m["answer"] for m in meta],
             [m["category"] for m in meta],
             [r["format"] for r in records],
         )
-        self.val_predictions.extend(records)
-        if "labels" in batch:
-            self.log("val/loss", self.token_mean_loss(batch), batch_size=len(meta), sync_dist=True)
+        self._val_records.setdefault(dataloader_idx, []).extend(records)
+        if "labels" in batch and dataloader_idx == self._primary_val_loader():
+            loss = self.token_mean_loss(batch)
+            self.log("val/loss", loss, batch_size=len(meta), sync_dist=True, add_dataloader_idx=False)
 
     def token_mean_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens."""
@@ -211,34 +246,68 @@ class VLMModule(L.LightningModule):
         labels = batch["labels"][:, 1:]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
+    def _val_frame_counts(self) -> list[int] | None:
+        """Frame count of each validation dataloader, when the datamodule says (a sweep does)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        return getattr(datamodule, "val_frame_counts", None)
+
+    def _primary_val_loader(self) -> int:
+        # The loader at the training frame count reports under the plain `val/...` names.
+        counts = self._val_frame_counts()
+        datamodule = getattr(self.trainer, "datamodule", None)
+        primary = getattr(getattr(datamodule, "hparams", None), "num_frames", None)
+        return counts.index(primary) if counts and primary in counts else 0
+
     def on_validation_epoch_end(self) -> None:
-        scores = self.val_scores.compute()
-        self.val_scores.reset()
-        self.last_val_scores = scores
-        if not self.trainer.sanity_checking:
-            self._write_predictions()
-        for name, value in scores.items():
-            if not name.startswith("count"):
-                self.log(f"val/{name}", value, sync_dist=False)
-        if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
-            rank_zero_info(
-                "\n" + format_accuracy_table(scores, title=f"Validation of {self.hparams.model_path}")
+        num_loaders = max(1, len(self.trainer.num_val_batches))
+        counts = self._val_frame_counts()
+        sweep = num_loaders > 1
+        primary = self._primary_val_loader()
+        self.val_results = []
+        for loader in range(num_loaders):
+            metric = self._scores_of(loader)
+            scores = metric.compute()
+            metric.reset()
+            frames = counts[loader] if counts and len(counts) == num_loaders else None
+            self.val_results.append(
+                ValidationResult(frames, scores, self._val_records.get(loader, []), loader == primary)
             )
-            for sample in self.val_predictions[:2]:
+        self.last_val_scores = self.val_results[primary].scores
+        if not self.trainer.sanity_checking:
+            for result in self.val_results:
+                self._write_predictions(
+                    result, suffix=f"-frames{result.frames}" if sweep and not result.primary else ""
+                )
+        for result in self.val_results:
+            for name, value in result.scores.items():
+                if name.startswith("count"):
+                    continue
+                if result.primary:
+                    self.log(f"val/{name}", value, sync_dist=False, add_dataloader_idx=False)
+                if sweep:
+                    self.log(
+                        f"val/frames_{result.frames}/{name}", value, sync_dist=False, add_dataloader_idx=False
+                    )
+        if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
+            for result in self.val_results:
+                frames = f" at {result.frames} frames" if result.frames else ""
+                title = f"Validation of {self.hparams.model_path}{frames}"
+                rank_zero_info("\n" + format_accuracy_table(result.scores, title=title))
+            for sample in self.val_results[primary].predictions[:2]:
                 rank_zero_info(
                     f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
                     f"{sample['completion']!r}"
                 )
-        self.val_predictions = []
+        self._val_records = {}
 
-    def _write_predictions(self) -> None:
+    def _write_predictions(self, result: ValidationResult, suffix: str = "") -> None:
         """One JSON line per validation question (each rank writes the questions it saw)."""
         folder = Path(self.trainer.default_root_dir) / "predictions"
         folder.mkdir(parents=True, exist_ok=True)
         rank = f"-rank{self.global_rank}" if self.trainer.world_size > 1 else ""
-        path = folder / f"val-step{self.global_step:06d}{rank}.jsonl"
+        path = folder / f"val-step{self.global_step:06d}{suffix}{rank}.jsonl"
         with path.open("w") as f:
-            for record in self.val_predictions:
+            for record in result.predictions:
                 f.write(json.dumps(record) + "\n")
 
     # -- export ------------------------------------------------------------------------------

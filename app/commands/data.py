@@ -9,13 +9,16 @@ writes ``train-*.tar``, ``val-*.tar``, ``test-*.tar`` of the synthetic task. Bot
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
 from datamodules.build import BuildError, BuildSettings, build_shards
 from datamodules.shards import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
-from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples
+from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
 
 
 def _non_negative_int(text: str) -> int:
@@ -101,6 +104,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     synth.add_argument(
         "--overwrite", action="store_true", help="replace shards and dataset.json already in --out"
     )
+    synth.add_argument(
+        "--released",
+        action="store_true",
+        help=(
+            "write the released LongVideo-Reason layout instead of shards: OUT/SPLIT.jsonl (options inside "
+            "'problem', '<answer>X</answer>') and OUT/videos/KEY.mp4, the input of `lvrl data build`"
+        ),
+    )
     synth.set_defaults(run=run_synth)
 
 
@@ -175,8 +186,24 @@ def run_build(args: argparse.Namespace) -> None:
     print(f"manifest: {args.out / MANIFEST_NAME}")
 
 
+def _write_released(config: SynthConfig, counts: dict[str, int], out: Path, workers: int) -> None:
+    videos = out / "videos"
+    videos.mkdir(parents=True, exist_ok=True)
+    for split in SPLITS:
+        if counts[split] == 0:
+            continue
+        path = out / f"{split}.jsonl"
+        with path.open("w", encoding="utf-8") as jsonl:
+            samples = encoded_samples(config, split, counts[split], workers=workers)
+            for key, video, row in tqdm(samples, total=counts[split], desc=split, unit="sample"):
+                (videos / f"{key}.mp4").write_bytes(video)
+                jsonl.write(json.dumps(released_row(row), ensure_ascii=False) + "\n")
+        print(f"{split}: {counts[split]} rows -> {path} (videos in {videos})")
+
+
 def _existing_outputs(out: Path) -> list[Path]:
     found = [p for split in SPLITS for p in out.glob(f"{split}-[0-9]*.tar*")]
+    found += [p for split in SPLITS for p in out.glob(f"{split}.jsonl")]
     manifest = out / MANIFEST_NAME
     return sorted([*found, manifest] if manifest.exists() else found)
 
@@ -207,6 +234,9 @@ def run_synth(args: argparse.Namespace) -> None:
         path.unlink()
 
     counts = {"train": args.num_train, "val": args.num_val, "test": args.num_test}
+    if args.released:
+        _write_released(config, counts, out, args.workers)
+        return
     written: dict[str, list[str]] = {}
     for split in SPLITS:
         count = counts[split]

@@ -25,3 +25,13 @@ def test_scores_match_hand_counts():
     assert "accuracy/Goal and Purpose" not in scores
     table = format_accuracy_table(scores)
     assert "Temporal" in table and "60.0%" in table and "constant letter" in table
+
+
+def test_unparseable_answers_and_every_letters_baseline_are_counted():
+    metric = MultipleChoiceScores()
+    metric.update([None, "A", None, "B", "E"], ["B", "B", "A", "B", "E"], [None] * 5, [True] * 5)
+    scores = metric.compute()
+    assert scores["unparseable"] == 2
+    # Key: B, B, A, B, E -> always-A 1/5, always-B 3/5, C and D 0, E 1/5 (listed: the key uses it).
+    assert [scores[f"baseline/{x}"] for x in "ABCDE"] == pytest.approx([0.2, 0.6, 0.0, 0.0, 0.2])
+    assert "baseline/F" not in scores and scores["constant_letter_baseline"] == pytest.approx(0.6)

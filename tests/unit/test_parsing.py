@@ -28,7 +28,7 @@ def test_common_letter_forms_are_accepted(text):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "A or B", "A and B", "Option A, option B", "E", "(E)", "none", "AB", "blue"]
+    "text", ["", "A or B", "B or C", "A and B", "Option A, option B", "E", "(E)", "none", "AB", "blue"]
 )
 def test_ambiguous_or_invalid_answers_are_rejected(text):
     assert parse_choice(text) is None

@@ -1,5 +1,8 @@
 """PyAV encoding/decoding, uniform sampling and the pixel budget (datamodules/video.py)."""
 
+import subprocess
+import sys
+
 import av
 import numpy as np
 import pytest
@@ -115,3 +118,39 @@ def test_sample_fps_picks_frames_per_second_up_to_the_cap():
     assert decode_video(data, 64, 56 * 56, sample_fps=1.0).frames.shape[0] == 10
     assert decode_video(data, 6, 56 * 56, sample_fps=1.0).frames.shape[0] == 6
     assert decode_video(data, 64, 56 * 56, sample_fps=0.01).frames.shape[0] == 2
+
+
+# Peak RSS from /proc (VmHWM, kB): unlike getrusage's ru_maxrss, which a child inherits from
+# its parent across exec, it belongs to this process alone.
+_PEAK_RSS = """
+import re, sys
+from datamodules.video import decode_video
+def peak_kib():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+before = peak_kib()
+video = decode_video(sys.argv[1], int(sys.argv[2]), 56 * 56)
+assert video.frames.shape[0] == int(sys.argv[2]), video.frames.shape
+print((peak_kib() - before) / 1024)
+"""
+
+
+def test_an_hour_long_video_decodes_in_bounded_memory(tmp_path):
+    # One hour at 1 fps, 256x256: keeping every decoded frame would take 3600 x 192 KiB = 675 MiB;
+    # the sampled frames, resized while decoding, take 1024 x 9.2 KiB = 9 MiB.
+    count, size = 3600, 256
+    frames = np.zeros((count, size, size, 3), dtype=np.uint8)
+    frames[:] = (np.arange(count) % 200).astype(np.uint8)[:, None, None, None]
+    for i in range(count):
+        frames[i, 100:140, (i * 3) % 200 : (i * 3) % 200 + 40] = 255
+    path = tmp_path / "hour.mp4"
+    path.write_bytes(encode_video(frames, fps=1.0))
+    del frames
+    for sampled in (64, 1024):
+        done = subprocess.run(
+            [sys.executable, "-c", _PEAK_RSS, str(path), str(sampled)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        growth_mib = float(done.stdout.strip().splitlines()[-1])
+        assert growth_mib < 120, f"decoding {sampled} frames grew the peak RSS by {growth_mib:.0f} MiB"

@@ -1,0 +1,170 @@
+"""The evaluation report: a JSON file, a markdown table and a bar chart per validation, also sent to wandb.
+
+Written by :class:`EvaluationReport` after every validation (``lvrl validate`` runs one) from
+the module's :attr:`~models.vlm_module.VLMModule.val_results`: per frame count (a sweep has
+several), accuracy overall and per category, the format rate, the number of unparseable
+answers and the constant-letter baselines, which must sit beside any score on a skewed key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.utilities import rank_zero_info
+
+from models.metrics import UNCATEGORISED
+from models.vlm_module import ValidationResult
+
+CATEGORY_PREFIX = "accuracy/"
+
+
+def evaluation_summary(results: list[ValidationResult], model: str, step: int) -> dict[str, Any]:
+    """The JSON report: one entry per frame count with every score the table shows."""
+    evaluations = []
+    for result in results:
+        scores = result.scores
+        categories = {
+            key[len(CATEGORY_PREFIX) :]: {
+                "accuracy": value,
+                "count": int(scores[f"count/{key[len(CATEGORY_PREFIX) :]}"]),
+            }
+            for key, value in scores.items()
+            if key.startswith(CATEGORY_PREFIX)
+        }
+        evaluations.append(
+            {
+                "frames": result.frames,
+                "questions": int(scores["count"]),
+                "accuracy": scores["accuracy"],
+                "per_category": categories,
+                "format_rate": scores["format_rate"],
+                "unparseable": int(scores.get("unparseable", 0)),
+                "constant_letter_baselines": {
+                    key.split("/", 1)[1]: value
+                    for key, value in scores.items()
+                    if key.startswith("baseline/")
+                },
+                "best_constant_letter": scores["constant_letter_baseline"],
+            }
+        )
+    return {"model": model, "step": step, "evaluations": evaluations}
+
+
+def _column_name(evaluation: dict[str, Any]) -> str:
+    return f"{evaluation['frames']} frames" if evaluation["frames"] else "accuracy"
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """Categories (with question counts) by frame count, then overall, format, unparseable, baselines."""
+    evaluations = summary["evaluations"]
+    categories: list[str] = []
+    for evaluation in evaluations:
+        categories += [c for c in evaluation["per_category"] if c not in categories]
+    categories.sort(key=lambda c: (c == UNCATEGORISED, c))
+    header = "| | n | " + " | ".join(_column_name(e) for e in evaluations) + " |"
+    lines = [header, "|---|---:|" + "---:|" * len(evaluations)]
+    for category in categories:
+        counts = {e["per_category"][category]["count"] for e in evaluations if category in e["per_category"]}
+        cells = [
+            f"{e['per_category'][category]['accuracy']:.1%}" if category in e["per_category"] else "-"
+            for e in evaluations
+        ]
+        lines.append(f"| {category} | {'/'.join(map(str, sorted(counts)))} | " + " | ".join(cells) + " |")
+    questions = "/".join(str(n) for n in sorted({e["questions"] for e in evaluations}))
+    lines.append(
+        f"| **overall** | {questions} | " + " | ".join(f"**{e['accuracy']:.1%}**" for e in evaluations) + " |"
+    )
+    lines.append("| format rate | | " + " | ".join(f"{e['format_rate']:.1%}" for e in evaluations) + " |")
+    lines.append("| unparseable answers | | " + " | ".join(str(e["unparseable"]) for e in evaluations) + " |")
+    for letter in evaluations[0]["constant_letter_baselines"]:
+        cells = [f"{e['constant_letter_baselines'].get(letter, 0.0):.1%}" for e in evaluations]
+        lines.append(f"| always {letter} | | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(summary: dict[str, Any], out: Path) -> None:
+    """Accuracy per category and overall, one bar per frame count, the best constant letter dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    evaluations = summary["evaluations"]
+    groups: list[str] = []
+    for evaluation in evaluations:
+        groups += [c for c in evaluation["per_category"] if c not in groups]
+    groups.append("overall")
+    width = 0.8 / len(evaluations)
+    figure, axes = plt.subplots(figsize=(1.6 * len(groups) + 2, 4))
+    for i, evaluation in enumerate(evaluations):
+        values = [
+            evaluation["accuracy"]
+            if group == "overall"
+            else evaluation["per_category"].get(group, {}).get("accuracy", 0.0)
+            for group in groups
+        ]
+        positions = [g + (i - (len(evaluations) - 1) / 2) * width for g in range(len(groups))]
+        axes.bar(positions, [100 * v for v in values], width, label=_column_name(evaluation))
+    baseline = max(e["best_constant_letter"] for e in evaluations)
+    axes.axhline(100 * baseline, color="black", linestyle="--", linewidth=1, label="best constant letter")
+    axes.set_xticks(range(len(groups)), groups)
+    axes.set_ylabel("accuracy (%)")
+    axes.set_ylim(0, 100)
+    axes.set_title(f"{summary['model']} (step {summary['step']})", fontsize=9)
+    axes.grid(axis="y", alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out, dpi=120)
+    plt.close(figure)
+
+
+class EvaluationReport(Callback):
+    """Writes ``{name}.json``, ``{name}.md`` and ``{name}.png`` after each validation; logs them to wandb.
+
+    Args:
+        out_dir: folder of the files; default ``{trainer.default_root_dir}/eval``.
+        name: file name stem (a run that validates during fit overwrites them each time).
+    """
+
+    def __init__(self, out_dir: str | None = None, name: str = "eval") -> None:
+        self.out_dir = out_dir
+        self.name = name
+        self.written: list[Path] = []
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        results = getattr(pl_module, "val_results", None)
+        if trainer.sanity_checking or not results or not trainer.is_global_zero:
+            return
+        folder = Path(self.out_dir or Path(trainer.default_root_dir) / "eval")
+        folder.mkdir(parents=True, exist_ok=True)
+        model = str(getattr(pl_module.hparams, "model_path", type(pl_module).__name__))
+        summary = evaluation_summary(results, model, trainer.global_step)
+        table = markdown_table(summary)
+        paths = [folder / f"{self.name}.{ext}" for ext in ("json", "md", "png")]
+        paths[0].write_text(json.dumps(summary, indent=2) + "\n")
+        paths[1].write_text(table)
+        bar_chart(summary, paths[2])
+        self.written = paths
+        rank_zero_info(f"\n{table}\nevaluation report: {', '.join(str(p) for p in paths)}")
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                self._log_to_wandb(logger, summary, paths[2])
+
+    @staticmethod
+    def _log_to_wandb(logger: WandbLogger, summary: dict[str, Any], chart: Path) -> None:
+        columns = ["frames", "category", "questions", "accuracy"]
+        data = [
+            [e["frames"] or 0, category, values["count"], values["accuracy"]]
+            for e in summary["evaluations"]
+            for category, values in [
+                *e["per_category"].items(),
+                ("overall", {"count": e["questions"], "accuracy": e["accuracy"]}),
+            ]
+        ]
+        logger.log_table(key="eval/accuracy_table", columns=columns, data=data)
+        logger.log_image(key="eval/accuracy_chart", images=[str(chart)])

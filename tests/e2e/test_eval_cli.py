@@ -1,0 +1,76 @@
+"""`lvrl validate --config configs/eval/longvideo_reason.yaml`: released eval layout -> table + 3 files."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_sft_cli import run_cli
+
+CPU_OVERRIDES = [
+    "--trainer.accelerator", "cpu",
+    "--trainer.precision", "32-true",
+    "--model.dtype", "float32",
+    "--model.attn_implementation", "null",
+    "--model.max_new_tokens", "8",
+    "--data.max_pixels_per_frame", "3136",
+    "--data.num_workers", "0",
+    "--data.val_batch_size", "4",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def eval_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """12 synthetic questions written in the released eval layout, then built into shards."""
+    root = tmp_path_factory.mktemp("released_eval")
+    run_cli("data", "synth", "--released", "--out", str(root), "--num-train", "0", "--num-val", "12",
+            "--num-test", "0", "--frames", "20", "--fps", "2")  # fmt: skip
+    run_cli("data", "build", "--jsonl", str(root / "val.jsonl"), "--videos-root", str(root / "videos"),
+            "--out", str(root / "shards"), "--split", "eval", "--no-progress")  # fmt: skip
+    rows = [json.loads(line) for line in (root / "val.jsonl").read_text().splitlines()]
+    return root / "shards", rows
+
+
+def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
+    eval_shards, tiny_model_dir, tmp_path
+):
+    shards, rows = eval_shards
+    run_dir = tmp_path / "eval"
+    result = run_cli(
+        "validate", "--config", "configs/eval/longvideo_reason.yaml",
+        "--model.model_path", str(tiny_model_dir),
+        "--data.val_shards", str(shards / "eval-*.tar"),
+        "--data.num_frames", "8", "--data.val_num_frames", "[4, 8]",
+        "--trainer.default_root_dir", str(run_dir), *CPU_OVERRIDES,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert "| **overall** | 12 |" in output and "| unparseable answers |" in output
+
+    report = json.loads((run_dir / "eval" / "eval.json").read_text())
+    assert [e["frames"] for e in report["evaluations"]] == [4, 8]
+    key = Counter(row["answer"][len("<answer>") : -len("</answer>")] for row in rows)
+    per_category = Counter(row["category"] for row in rows)
+    for evaluation in report["evaluations"]:
+        # Scores agree with the per-question records of the same frame count.
+        suffix = "" if evaluation["frames"] == 8 else f"-frames{evaluation['frames']}"
+        records = [
+            json.loads(line)
+            for line in (run_dir / "predictions" / f"val-step000000{suffix}.jsonl").read_text().splitlines()
+        ]
+        assert {r["num_frames"] for r in records} == {evaluation["frames"]}
+        assert evaluation["questions"] == len(records) == 12
+        assert evaluation["accuracy"] == pytest.approx(sum(r["correct"] for r in records) / 12)
+        assert evaluation["unparseable"] == sum(r["predicted"] is None for r in records)
+        assert {c: v["count"] for c, v in evaluation["per_category"].items()} == per_category
+        # The constant-letter baselines come from the answer key.
+        assert evaluation["constant_letter_baselines"] == pytest.approx({x: key[x] / 12 for x in "ABCD"})
+        assert evaluation["best_constant_letter"] == pytest.approx(max(key.values()) / 12)
+
+    table = (run_dir / "eval" / "eval.md").read_text()
+    assert "| | n | 4 frames | 8 frames |" in table and "| always B |" in table
+    assert (run_dir / "eval" / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The report reached the (offline) wandb run: the chart and the table.
+    media = next((run_dir / "wandb").glob("offline-run-*/files/media"))
+    assert list(media.glob("images/eval/*.png")) and list(media.glob("table/eval/*.table.json"))
