@@ -42,6 +42,7 @@ def evaluation_summary(results: list[ValidationResult], model: str, step: int) -
                 "questions": int(scores["count"]),
                 "accuracy": scores["accuracy"],
                 "per_category": categories,
+                "sampled_accuracy": scores.get("sampled_accuracy"),
                 "format_rate": scores["format_rate"],
                 "unparseable": int(scores.get("unparseable", 0)),
                 "constant_letter_baselines": {
@@ -79,6 +80,11 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"| **overall** | {questions} | " + " | ".join(f"**{e['accuracy']:.1%}**" for e in evaluations) + " |"
     )
+    if any(e["sampled_accuracy"] is not None for e in evaluations):
+        cells = [
+            f"{e['sampled_accuracy']:.1%}" if e["sampled_accuracy"] is not None else "-" for e in evaluations
+        ]
+        lines.append("| sampled answers (mean) | | " + " | ".join(cells) + " |")
     lines.append("| format rate | | " + " | ".join(f"{e['format_rate']:.1%}" for e in evaluations) + " |")
     lines.append("| unparseable answers | | " + " | ".join(str(e["unparseable"]) for e in evaluations) + " |")
     for letter in evaluations[0]["constant_letter_baselines"]:

@@ -83,6 +83,8 @@ class GRPOModule(VLMModule):
         freeze_vision: bool = True,
         gradient_checkpointing: bool = False,
         max_new_tokens: int = 256,
+        val_samples: int = 0,
+        val_temperature: float = 1.0,
         dtype: str = "float32",
         attn_implementation: str | None = None,
         clip_low: float = 0.2,
@@ -99,16 +101,18 @@ class GRPOModule(VLMModule):
     ) -> None:
         super().__init__(
             model_path,
-            learning_rate,
-            weight_decay,
-            betas,
-            warmup_steps,
-            lr_schedule,
-            freeze_vision,
-            gradient_checkpointing,
-            max_new_tokens,
-            dtype,
-            attn_implementation,
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            betas=betas,
+            warmup_steps=warmup_steps,
+            lr_schedule=lr_schedule,
+            freeze_vision=freeze_vision,
+            gradient_checkpointing=gradient_checkpointing,
+            max_new_tokens=max_new_tokens,
+            val_samples=val_samples,
+            val_temperature=val_temperature,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
         )
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")

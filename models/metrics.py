@@ -18,7 +18,9 @@ class MultipleChoiceScores(Metric):
     ``baseline/X`` is the accuracy of always answering letter X, and
     ``constant_letter_baseline`` the best of them: an answer key can be skewed (always "B"
     scores 44.1% on LongVideo-Reason's eval split), so a score means little without them.
-    ``unparseable`` counts responses with no single clear choice (they score 0).
+    ``unparseable`` counts responses with no single clear choice (they score 0). When sampled
+    answers are given too, ``sampled_accuracy`` is the fraction of them that are right (the
+    mean of per-question fractions: what RL optimises, measured on held-out questions).
     """
 
     full_state_update = False
@@ -34,6 +36,8 @@ class MultipleChoiceScores(Metric):
         self.add_state("total", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("well_formed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("unparsed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("sampled_right", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("sampled_questions", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state(
             "key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum"
         )
@@ -44,8 +48,13 @@ class MultipleChoiceScores(Metric):
         answers: Sequence[str],
         categories: Sequence[str | None],
         well_formed: Sequence[bool],
+        sampled_fraction: Sequence[float] | None = None,
     ) -> None:
-        for pred, answer, category, formed in zip(predicted, answers, categories, well_formed, strict=True):
+        """Add questions: greedy choice, key, category, format; optionally the right fraction of samples."""
+        fractions = sampled_fraction if sampled_fraction is not None else [None] * len(answers)
+        for pred, answer, category, formed, fraction in zip(
+            predicted, answers, categories, well_formed, fractions, strict=True
+        ):
             index = (
                 self.categories.index(category) if category in self.categories else len(self.categories) - 1
             )
@@ -53,6 +62,9 @@ class MultipleChoiceScores(Metric):
             self.correct[index] += int(pred is not None and pred == answer)
             self.well_formed[index] += int(formed)
             self.unparsed[index] += int(pred is None)
+            if fraction is not None:
+                self.sampled_right[index] += float(fraction)
+                self.sampled_questions[index] += 1
             if answer in OPTION_LETTERS[: self.num_letters]:
                 self.key_letters[OPTION_LETTERS.index(answer)] += 1
 
@@ -69,10 +81,17 @@ class MultipleChoiceScores(Metric):
         used = [i for i in range(self.num_letters) if int(self.key_letters[i])]
         for i in range(max(4, used[-1] + 1 if used else 0)):
             scores[f"baseline/{OPTION_LETTERS[i]}"] = float(self.key_letters[i]) / max(total, 1)
+        sampled = int(self.sampled_questions.sum())
+        if sampled:
+            scores["sampled_accuracy"] = float(self.sampled_right.sum()) / sampled
         for i, category in enumerate(self.categories):
             if int(self.total[i]):
                 scores[f"accuracy/{category}"] = float(self.correct[i]) / int(self.total[i])
                 scores[f"count/{category}"] = float(self.total[i])
+            if int(self.sampled_questions[i]):
+                scores[f"sampled_accuracy/{category}"] = float(self.sampled_right[i]) / int(
+                    self.sampled_questions[i]
+                )
         return scores
 
 
@@ -88,6 +107,8 @@ def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -
     lines += [f"{name:<{width}}  {n:>5}  {acc:8.1%}" for name, acc, n in rows]
     lines.append("-" * (width + 17))
     lines.append(f"{'overall':<{width}}  {int(scores['count']):>5}  {scores['accuracy']:8.1%}")
+    if "sampled_accuracy" in scores:
+        lines.append(f"{'sampled (mean)':<{width}}  {'':>5}  {scores['sampled_accuracy']:8.1%}")
     lines.append(f"{'format rate':<{width}}  {'':>5}  {scores['format_rate']:8.1%}")
     lines.append(f"{'unparseable':<{width}}  {int(scores.get('unparseable', 0)):>5}")
     lines.append(f"{'constant letter':<{width}}  {'':>5}  {scores['constant_letter_baseline']:8.1%}")

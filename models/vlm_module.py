@@ -59,6 +59,10 @@ class VLMModule(L.LightningModule):
         freeze_vision: keep the vision tower's weights fixed.
         gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
         max_new_tokens: generation budget of a validation answer.
+        val_samples: besides the greedy answer, sample this many answers per validation question
+            at ``val_temperature`` and report ``val/sampled_accuracy`` (the mean fraction right:
+            the quantity RL raises, which greedy accuracy shows only once the mode flips); 0: off.
+        val_temperature: sampling temperature of those answers.
         dtype: parameter dtype: float32 or bfloat16.
         attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``);
             None = the HF default.
@@ -75,12 +79,18 @@ class VLMModule(L.LightningModule):
         freeze_vision: bool = False,
         gradient_checkpointing: bool = False,
         max_new_tokens: int = 256,
+        val_samples: int = 0,
+        val_temperature: float = 1.0,
         dtype: str = "float32",
         attn_implementation: str | None = None,
     ) -> None:
         super().__init__()
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
+        if val_samples < 0 or val_temperature <= 0:
+            raise ValueError(
+                f"val_samples={val_samples} must be >= 0 and val_temperature={val_temperature} > 0"
+            )
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         self.save_hyperparameters()
@@ -175,8 +185,10 @@ class VLMModule(L.LightningModule):
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
-    def generate_answers(self, batch: dict[str, Any], max_new_tokens: int | None = None) -> list[str]:
-        """Greedy completions of the prompts of a batch.
+    def generate_answers(
+        self, batch: dict[str, Any], max_new_tokens: int | None = None, sampling: SamplingConfig | None = None
+    ) -> list[list[str]]:
+        """Completions of the prompts of a batch: one greedy each, or ``sampling.n`` sampled ones.
 
         Decoded by :class:`~rollout.hf_engine.TransformersEngine` from the video encoded once,
         with the position rule of training and rollout, so evaluation sees the model exactly as
@@ -192,10 +204,11 @@ class VLMModule(L.LightningModule):
                 embeds, batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row])
             )
             requests.append(RolloutRequest(batch["prompt_input_ids"][row][valid].tolist(), video))
-        greedy = SamplingConfig(
-            n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
-        )
-        return [result.completions[0].text for result in engine.generate(requests, greedy)]
+        if sampling is None:
+            sampling = SamplingConfig(
+                n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
+            )
+        return [[c.text for c in result.completions] for result in engine.generate(requests, sampling)]
 
     def on_validation_epoch_start(self) -> None:
         self._val_records: dict[int, list[dict[str, Any]]] = {}
@@ -210,13 +223,27 @@ class VLMModule(L.LightningModule):
         return self.val_scores[loader]
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        completions = self.generate_answers(batch)
+        completions = [texts[0] for texts in self.generate_answers(batch)]
         meta = batch["meta"]
         predicted = [
             response_choice(text, len(m["options"]) or 4, m["options"])
             for text, m in zip(completions, meta, strict=True)
         ]
-        records = [
+        sampled_fraction = None
+        if self.hparams.val_samples:
+            sampling = SamplingConfig(
+                n=self.hparams.val_samples,
+                temperature=self.hparams.val_temperature,
+                max_new_tokens=self.hparams.max_new_tokens,
+                seed=10_000 * batch_idx,  # the same samples for the same model and batches
+            )
+            sampled = self.generate_answers(batch, sampling=sampling)
+            sampled_fraction = [
+                sum(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"] for t in texts)
+                / len(texts)
+                for texts, m in zip(sampled, meta, strict=True)
+            ]
+        records: list[dict[str, Any]] = [
             {
                 "key": m["key"],
                 "category": m["category"],
@@ -229,11 +256,15 @@ class VLMModule(L.LightningModule):
             }
             for m, p, c in zip(meta, predicted, completions, strict=True)
         ]
+        if sampled_fraction is not None:
+            for record, fraction in zip(records, sampled_fraction, strict=True):
+                record["sampled_correct"] = fraction
         self._scores_of(dataloader_idx).update(
             predicted,
             [m["answer"] for m in meta],
             [m["category"] for m in meta],
             [r["format"] for r in records],
+            sampled_fraction,
         )
         self._val_records.setdefault(dataloader_idx, []).extend(records)
         if "labels" in batch and dataloader_idx == self._primary_val_loader():

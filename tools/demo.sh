@@ -18,11 +18,13 @@ if [ ! -f "$run_dir/model-small/config.json" ]; then
 fi
 
 # Evaluate an exported Hugging Face directory on every held-out question (validation + test
-# splits, 400 questions: twice the power of the validation split alone for the before/after test).
+# splits, 400 questions: twice the power of the validation split alone for the before/after test):
+# the greedy answer, and 8 answers sampled at temperature 1 (the policy RL trains; their mean
+# accuracy moves before the greedy answer does).
 evaluate() {
   "$lvrl" validate --config configs/demo/sft.yaml \
     --trainer.default_root_dir "$2" --trainer.limit_val_batches null \
-    --model.init_args.model_path "$1" "${data_args[@]}" \
+    --model.init_args.model_path "$1" --model.init_args.val_samples 8 "${data_args[@]}" \
     --data.init_args.val_shards "$data_dir/{val,test}-*.tar"
 }
 

@@ -155,16 +155,18 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
 
     lines += [row(c, f"{CATEGORY_PREFIX}{c}") for c in categories]
     lines.append(row("**overall**", "val/accuracy"))
+    if any("val/sampled_accuracy" in scores for scores in columns.values()):
+        lines.append(row("sampled answers (mean)", "val/sampled_accuracy"))
     lines.append(row("format rate", "val/format_rate"))
     lines.append(row("constant-letter baseline", "val/constant_letter_baseline"))
     return "\n".join(lines)
 
 
-def last_predictions(run_dir: Path) -> dict[str, bool] | None:
-    """``{question key: answered correctly}`` from the run's last validation, None if it wrote none.
+def last_records(run_dir: Path) -> dict[str, dict] | None:
+    """``{question key: record}`` of the run's last validation, None if it wrote none.
 
     Files are ``predictions/val-step{N}[-rank{R}].jsonl``; the highest step wins and its rank
-    files are merged.
+    files are merged (the extra files of a frame-count sweep, ``-frames{F}``, are not read).
     """
     steps: dict[int, list[Path]] = {}
     for path in (run_dir / "predictions").glob("val-step*.jsonl"):
@@ -173,12 +175,45 @@ def last_predictions(run_dir: Path) -> dict[str, bool] | None:
             steps.setdefault(int(match.group(1)), []).append(path)
     if not steps:
         return None
-    correct: dict[str, bool] = {}
+    records: dict[str, dict] = {}
     for path in sorted(steps[max(steps)]):
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            correct[record["key"]] = bool(record["correct"])
-    return correct
+            records[record["key"]] = record
+    return records
+
+
+def last_predictions(run_dir: Path) -> dict[str, bool] | None:
+    """``{question key: greedy answer right}`` from the run's last validation (see :func:`last_records`)."""
+    records = last_records(run_dir)
+    return None if records is None else {k: bool(r["correct"]) for k, r in records.items()}
+
+
+@dataclass(frozen=True)
+class PairedMeans:
+    """Per-question sampled accuracy (fraction of k samples right) of two runs on the same questions."""
+
+    questions: int
+    base: float
+    new: float
+    p_value: float
+    """Two-sided paired test of the per-question differences (normal approximation: z = mean / s.e.)."""
+
+
+def paired_means(base: dict[str, float], new: dict[str, float]) -> PairedMeans:
+    """Compare per-question fractions on the questions both runs have."""
+    shared = sorted(base.keys() & new.keys())
+    n = len(shared)
+    differences = [new[k] - base[k] for k in shared]
+    mean = sum(differences) / max(n, 1)
+    variance = sum((d - mean) ** 2 for d in differences) / max(n - 1, 1)
+    if n < 2 or variance == 0:
+        p_value = 1.0 if mean == 0 else 0.0
+    else:
+        z = mean / math.sqrt(variance / n)
+        p_value = math.erfc(abs(z) / math.sqrt(2))
+    base_mean = sum(base[k] for k in shared) / max(n, 1)
+    return PairedMeans(n, base_mean, base_mean + mean, p_value)
 
 
 @dataclass(frozen=True)
@@ -216,21 +251,33 @@ def paired_comparison(base: dict[str, bool], new: dict[str, bool]) -> PairedComp
     )
 
 
-def paired_lines(predictions: dict[str, dict[str, bool] | None]) -> list[str]:
-    """One markdown bullet per run after the first, compared with the first on shared questions."""
-    (base_name, base), *others = predictions.items()
+def paired_lines(records: dict[str, dict[str, dict] | None]) -> list[str]:
+    """Markdown bullets per run after the first, compared with the first on shared questions:
+    greedy answers (exact McNemar test) and, when both sampled answers, sampled accuracy."""
+    (base_name, base), *others = records.items()
     lines = []
     for name, new in others:
         if base is None or new is None:
             missing = base_name if base is None else name
             lines.append(f"- {name} vs {base_name}: no per-question predictions for {missing}")
             continue
-        paired = paired_comparison(base, new)
+        paired = paired_comparison(
+            {k: bool(r["correct"]) for k, r in base.items()}, {k: bool(r["correct"]) for k, r in new.items()}
+        )
         lines.append(
             f"- {name} vs {base_name}, same {paired.questions} questions: {paired.change:+.1%} "
             f"({paired.only_new} right only in {name}, {paired.only_base} right only in {base_name}); "
             f"exact McNemar p = {paired.p_value:.3f}"
         )
+        sampled_base = {k: r["sampled_correct"] for k, r in base.items() if "sampled_correct" in r}
+        sampled_new = {k: r["sampled_correct"] for k, r in new.items() if "sampled_correct" in r}
+        if sampled_base and sampled_new:
+            means = paired_means(sampled_base, sampled_new)
+            lines.append(
+                f"- sampled answers, {name} vs {base_name}, same {means.questions} questions: "
+                f"{means.base:.1%} -> {means.new:.1%} ({means.new - means.base:+.1%}); paired test p = "
+                f"{means.p_value:.2g}"
+            )
     return lines
 
 
@@ -241,7 +288,7 @@ def run_compare(args: argparse.Namespace) -> None:
         if not sep or not name or not folder:
             raise SystemExit(f"--run takes NAME=DIR, got {spec!r}")
         columns[name] = last_validation(metric_rows(Path(folder)))
-        predictions[name] = last_predictions(Path(folder))
+        predictions[name] = last_records(Path(folder))
     table = comparison_table(columns)
     if len(columns) > 1:
         table += "\n\n" + "\n".join(paired_lines(predictions))

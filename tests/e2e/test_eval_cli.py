@@ -42,7 +42,7 @@ def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
         "validate", "--config", "configs/eval/longvideo_reason.yaml",
         "--model.model_path", str(tiny_model_dir),
         "--data.val_shards", str(shards / "eval-*.tar"),
-        "--data.num_frames", "8", "--data.val_num_frames", "[4, 8]",
+        "--data.num_frames", "8", "--data.val_num_frames", "[4, 8]", "--model.val_samples", "3",
         "--trainer.default_root_dir", str(run_dir), *CPU_OVERRIDES,
     )  # fmt: skip
     output = result.stdout + result.stderr
@@ -63,6 +63,10 @@ def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
         assert evaluation["questions"] == len(records) == 12
         assert evaluation["accuracy"] == pytest.approx(sum(r["correct"] for r in records) / 12)
         assert evaluation["unparseable"] == sum(r["predicted"] is None for r in records)
+        # Three sampled answers per question: fractions in thirds, their mean reported.
+        assert all(round(3 * r["sampled_correct"]) == 3 * r["sampled_correct"] for r in records)
+        sampled_mean = sum(r["sampled_correct"] for r in records) / 12
+        assert evaluation["sampled_accuracy"] == pytest.approx(sampled_mean)
         assert {c: v["count"] for c, v in evaluation["per_category"].items()} == per_category
         # The constant-letter baselines come from the answer key.
         assert evaluation["constant_letter_baselines"] == pytest.approx({x: key[x] / 12 for x in "ABCD"})

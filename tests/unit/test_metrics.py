@@ -35,3 +35,13 @@ def test_unparseable_answers_and_every_letters_baseline_are_counted():
     # Key: B, B, A, B, E -> always-A 1/5, always-B 3/5, C and D 0, E 1/5 (listed: the key uses it).
     assert [scores[f"baseline/{x}"] for x in "ABCDE"] == pytest.approx([0.2, 0.6, 0.0, 0.0, 0.2])
     assert "baseline/F" not in scores and scores["constant_letter_baseline"] == pytest.approx(0.6)
+
+
+def test_sampled_accuracy_is_the_mean_fraction_per_category():
+    metric = MultipleChoiceScores()
+    metric.update(["A", "B"], ["A", "A"], ["Plot", "Plot"], [True, True], sampled_fraction=[0.75, 0.25])
+    metric.update(["C"], ["C"], ["Spatial"], [True], sampled_fraction=[0.0])
+    scores = metric.compute()
+    assert scores["sampled_accuracy"] == pytest.approx(1.0 / 3)
+    assert scores["sampled_accuracy/Plot"] == pytest.approx(0.5) and scores["sampled_accuracy/Spatial"] == 0.0
+    assert "sampled_accuracy" not in MultipleChoiceScores().compute()

@@ -18,6 +18,7 @@ from app.commands.report import (
     metric_series,
     moving_average,
     paired_comparison,
+    paired_means,
 )
 
 
@@ -125,3 +126,35 @@ def test_paired_comparison_reads_the_last_predictions(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert "GRPO vs SFT, same 4 questions: +25.0% (2 right only in GRPO, 1 right only in SFT)" in out
     assert "p = 1.000" in out
+
+
+def test_sampled_accuracy_is_compared_question_by_question(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Per-question fractions right: differences +0.5, +0.25, 0, +0.25 -> mean 0.25, sd 0.204,
+    # z = 0.25 / (0.204 / 2) = 2.449, two-sided p = 0.0143.
+    base = {"q0": 0.0, "q1": 0.25, "q2": 0.5, "q3": 0.5}
+    new = {"q0": 0.5, "q1": 0.5, "q2": 0.5, "q3": 0.75, "q9": 1.0}
+    means = paired_means(base, new)
+    assert (means.questions, means.base, means.new) == (4, pytest.approx(0.3125), pytest.approx(0.5625))
+    assert means.p_value == pytest.approx(0.0143, abs=2e-4)
+    assert paired_means(base, base).p_value == 1.0
+    for name, fractions in (("sft", base), ("grpo", new)):
+        run = tmp_path / name
+        write_log(
+            run, 0, [{"val/accuracy": 0.5, "val/sampled_accuracy": sum(fractions.values()) / len(fractions)}]
+        )
+        (run / "predictions").mkdir(parents=True)
+        (run / "predictions" / "val-step000000.jsonl").write_text(
+            "".join(
+                json.dumps({"key": k, "correct": True, "sampled_correct": v}) + "\n"
+                for k, v in fractions.items()
+            )
+        )
+    main(["report", "compare", "--run", f"SFT={tmp_path / 'sft'}", "--run", f"GRPO={tmp_path / 'grpo'}"])
+    out = capsys.readouterr().out
+    assert "| sampled answers (mean) |" in out
+    assert (
+        "sampled answers, GRPO vs SFT, same 4 questions: 31.2% -> 56.2% (+25.0%); paired test p = 0.014"
+        in out
+    )
