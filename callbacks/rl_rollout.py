@@ -159,6 +159,8 @@ class RolloutCallback(Callback):
         completions = [c for r in results for c in r.completions]
         texts = [c.text for c in completions]
         fields = {
+            "key": [m["key"] for m in meta],
+            "problem": [m["problem"] for m in meta],
             "answer": [m["answer"] for m in meta],
             "options": [m["options"] for m in meta],
             "problem_type": [m["problem_type"] for m in meta],

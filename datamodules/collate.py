@@ -102,6 +102,7 @@ class VideoQACollator:
                     "key": s.key,
                     "shard": s.shard,
                     "problem_id": s.row.problem_id,
+                    "problem": s.row.problem,
                     "category": s.row.category,
                     "answer": s.row.answer,
                     "options": list(s.row.options),

@@ -68,8 +68,9 @@ def register(name: str) -> Callable[[_F], _F]:
 
 
 def _load_builtins() -> None:
-    # Imported lazily: rewards.functions imports this module to register its functions.
-    importlib.import_module("rewards.functions")
+    # Imported lazily: these modules import this one to register their functions.
+    for module in ("rewards.functions", "rewards.judge"):
+        importlib.import_module(module)
 
 
 def available_rewards() -> list[str]:
