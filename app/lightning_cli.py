@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.vlm_module import VLMModule
@@ -57,13 +59,24 @@ class LvrlCLI(LightningCLI):
             )
 
 
+STOPPED_BY_SIGNAL_EXIT_CODE = 143
+"""Exit status of a run stopped by SIGTERM or Ctrl-C after saving its checkpoint (128 + SIGTERM),
+so that a job scheduler can tell a pre-empted run, to be resumed, from a finished one."""
+
+
 def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
-    return LvrlCLI(
-        VLMModule,
-        LongVideoReasonDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=list(argv),
-        auto_configure_optimizers=False,
-    )
+    try:
+        return LvrlCLI(
+            VLMModule,
+            LongVideoReasonDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=list(argv),
+            auto_configure_optimizers=False,
+        )
+    except SIGTERMException:
+        # Lightning stops at the end of the step on SIGTERM (RunCheckpoint has saved last.ckpt)
+        # and raises a SystemExit with status 0, which would look like a finished run.
+        print("stopped by a signal; continue with --ckpt_path last", file=sys.stderr)
+        sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)

@@ -1,16 +1,57 @@
-"""Checkpoints that live in the run folder, so ``--ckpt_path last`` finds them on the next run."""
+"""Checkpoints that live in the run folder, carry every RNG state, and are written on pre-emption.
+
+``--ckpt_path last`` finds the previous run's ``last.ckpt`` in ``<default_root_dir>/checkpoints``.
+A checkpoint holds what an exact continuation needs: weights, optimizer and schedule, the
+global step (Lightning), the data stream position (the datamodule's state), and here the
+Python, NumPy and torch RNG states of every rank. Lightning writes a checkpoint to a temporary
+file and renames it, so a crash while saving leaves the previous one intact.
+
+On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
+with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once.
+"""
 
 from __future__ import annotations
 
 import os
+import random
+import signal
+from types import FrameType
 from typing import Any
 
 import lightning as L
+import numpy as np
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's Python, NumPy and torch (CPU, and CUDA when present) RNG states.
+
+    Plain lists, ints and tensors only, so that checkpoints load with ``weights_only=True``.
+    """
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class RunCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` whose default folder is ``<trainer.default_root_dir>/checkpoints``.
+    """``ModelCheckpoint`` in ``<default_root_dir>/checkpoints``, with RNG states and pre-emption saves.
 
     Lightning's default folder follows the first logger's run id or version, which changes on
     every run, so ``--ckpt_path last`` would not find the previous run's ``last.ckpt``. All
@@ -19,6 +60,8 @@ class RunCheckpoint(ModelCheckpoint):
 
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
         super().__init__(*args, save_last=save_last, **kwargs)
+        self._previous_sigint: Any = None
+        self._trainer: L.Trainer | None = None
 
     def _use_run_folder(self, trainer: L.Trainer) -> None:
         if self.dirpath is None:
@@ -31,6 +74,59 @@ class RunCheckpoint(ModelCheckpoint):
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
         self._use_run_folder(trainer)
         return super()._find_last_checkpoints(trainer)
+
+    # -- RNG states --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        # Called on every rank when a checkpoint is written; rank 0 writes the file, so the
+        # ranks' states are gathered into it.
+        states: list[Any] = [rng_states()]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            states = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, rng_states())
+        return {**super().state_dict(), "rng_states": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        states = state.pop("rng_states", None)
+        super().load_state_dict(state)
+        if states:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            set_rng_states(states[rank] if rank < len(states) else states[0])
+
+    # -- pre-emption -------------------------------------------------------------------------
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._trainer = trainer
+        try:
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        except ValueError:  # not the main thread (signals cannot be handled here)
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        # The first Ctrl-C asks for a clean stop (a checkpoint at the end of the step), like
+        # SIGTERM; a second one interrupts at once.
+        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
+        if self._trainer is not None:
+            rank_zero_info("interrupt: stopping after this step with a checkpoint (Ctrl-C again to abort)")
+            self._trainer._signal_connector.received_sigterm = True  # Lightning's own stop flag
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        # Lightning stops after this hook when a SIGTERM arrived (its handler sets the flag).
+        if (
+            trainer.received_sigterm
+            and self.save_last
+            and trainer.global_step != self._last_global_step_saved
+        ):
+            rank_zero_info(f"pre-empted: saving the checkpoint of step {trainer.global_step}")
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+        super().teardown(trainer, pl_module, stage)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Training that stops on max_steps inside a (streaming, endless) epoch would otherwise end

@@ -108,6 +108,7 @@ class VideoQACollator:
                     "options": list(s.row.options),
                     "problem_type": s.row.problem_type,
                     "num_frames": len(s.video.frame_indices),
+                    "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,
                 }
                 for s in samples

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import lightning as L
+import torch
 from transformers import AutoProcessor
 
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
+
+log = logging.getLogger(__name__)
 
 
 def data_parallel_coordinates(
@@ -94,6 +98,14 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.skipped = SkipCounter()
         self._processor: Any = None
+        # Where training is in the stream: per worker, the next raw position not yet trained on.
+        # Data epochs are counted here, not taken from Lightning's epoch counter, which does not
+        # always agree with the data after a resume at an epoch boundary.
+        self._trained_epoch = 0
+        self._trained_positions: dict[int, int] = {}
+        self._next_train_epoch = 0
+        self._exhausted_epoch = -1
+        self._resume_state: dict[str, Any] | None = None
 
     @property
     def skipped_samples(self) -> int:
@@ -150,12 +162,13 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             self.datasets["test"] = self._stream(self.hparams.test_shards, "test", train=False)
 
     def _loader(
-        self, dataset: VideoQAStream, batch_size: int, collator: VideoQACollator
+        self, dataset: VideoQAStream, batch_size: int, collator: VideoQACollator, *, train: bool = False
     ) -> EpochAwareDataLoader:
         workers = self.hparams.num_workers
         return EpochAwareDataLoader(
             dataset,
-            epoch_fn=lambda: self.trainer.current_epoch if self.trainer is not None else 0,
+            epoch_fn=self._start_train_pass if train else None,
+            on_exhausted=self._train_pass_exhausted if train else None,
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=collator,
@@ -167,7 +180,82 @@ class LongVideoReasonDataModule(L.LightningDataModule):
     def train_dataloader(self) -> EpochAwareDataLoader:
         # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
         collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
-        return self._loader(self.datasets["train"], self.hparams.batch_size, collator)
+        self._apply_resume_state(self.datasets["train"])
+        return self._loader(self.datasets["train"], self.hparams.batch_size, collator, train=True)
+
+    def _start_train_pass(self) -> int:
+        epoch = self._next_train_epoch
+        self._next_train_epoch += 1
+        return epoch
+
+    def _train_pass_exhausted(self, epoch: int) -> None:
+        self._exhausted_epoch = max(self._exhausted_epoch, epoch)
+
+    # -- exact resume ------------------------------------------------------------------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Called for the batch about to be trained on (not for batches prefetched ahead of it).
+        if self.trainer is not None and self.trainer.training and isinstance(batch, dict):
+            for meta in batch.get("meta", []):
+                epoch, worker, position = meta["stream"]
+                if epoch != self._trained_epoch:
+                    self._trained_epoch, self._trained_positions = epoch, {}
+                self._trained_positions[worker] = max(self._trained_positions.get(worker, 0), position + 1)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training stream's position on every data-parallel rank (saved in checkpoints).
+
+        Called on every rank when a checkpoint is written; the ranks' positions are gathered so
+        that the one file written by rank 0 holds them all.
+        """
+        rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
+        mine = {
+            "epoch": self._trained_epoch,
+            "next_positions": dict(self._trained_positions),
+            # Read to its end: at a checkpoint this means the last batch trained was its last.
+            "epoch_finished": self._exhausted_epoch >= self._trained_epoch,
+            "skipped_samples": self.skipped.value,
+        }
+        gathered: list[Any] = [(rank, mine)]
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, (rank, mine))
+        return {
+            "data_parallel_size": size,
+            "num_workers": self.hparams.num_workers,
+            "ranks": {r: state for r, state in gathered},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_state = state_dict
+
+    def _apply_resume_state(self, stream: VideoQAStream) -> None:
+        state, self._resume_state = self._resume_state, None
+        if state is None:
+            return
+        rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
+        if state["data_parallel_size"] != size or state["num_workers"] != self.hparams.num_workers:
+            self._next_train_epoch = max(r["epoch"] for r in state["ranks"].values())
+            log.warning(
+                "the checkpoint's data stream was read by %d data-parallel ranks x %d workers, this run has "
+                "%d x %d: samples cannot be matched, so the current epoch is read again from its start",
+                state["data_parallel_size"],
+                state["num_workers"],
+                size,
+                self.hparams.num_workers,
+            )
+            return
+        mine = state["ranks"][rank]
+        self.skipped.add(mine["skipped_samples"] - self.skipped.value)
+        if mine["epoch_finished"]:
+            self._next_train_epoch = mine["epoch"] + 1
+            log.info("resuming the data stream at the start of epoch %d", self._next_train_epoch)
+            return
+        self._trained_epoch, self._trained_positions = mine["epoch"], dict(mine["next_positions"])
+        self._next_train_epoch = mine["epoch"]
+        stream.resume_from(mine["epoch"], mine["next_positions"])
+        trained = sum(mine["next_positions"].values())
+        log.info("resuming the data stream in epoch %d after %d samples", mine["epoch"], trained)
 
     def _eval_loader(self, dataset: VideoQAStream) -> EpochAwareDataLoader:
         collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)

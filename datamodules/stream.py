@@ -5,6 +5,13 @@ same sample, get the same shards), then by dataloader worker. Every sample that 
 used (a malformed JSON row, a missing member, a corrupt or truncated video) is skipped with
 a warning naming its shard and key, and counted in a :class:`SkipCounter` shared with the
 main process, so that the trainer can log how much data was lost.
+
+Every sample carries its place in the stream: ``(epoch, worker, position)``, the position
+counting the raw samples that worker read in that epoch (after shuffling, rejected ones
+included). The stream is a pure function of (shards, seed, epoch, rank, worker), so a resumed
+run that skips, per worker, the positions already trained on continues with exactly the samples
+an uninterrupted run would have seen next (:meth:`VideoQAStream.resume_from`); skipped samples
+are not decoded.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import json
 import logging
 import multiprocessing
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +45,11 @@ class VideoQASample:
     shard: str
     row: QARow
     video: SampledVideo
+    epoch: int = 0
+    worker: int = 0
+    """Dataloader worker that read the sample (0 without workers)."""
+    position: int = 0
+    """Index of the sample among the raw samples its worker read this epoch."""
 
 
 class SkipCounter:
@@ -115,6 +127,11 @@ class VideoQAStream(IterableDataset):
         self.seed = seed
         self.skipped = skipped if skipped is not None else SkipCounter()
         self.epoch = 0
+        self._resume: tuple[int, dict[int, int]] | None = None
+
+    def resume_from(self, epoch: int, next_positions: dict[int, int]) -> None:
+        """In ``epoch``, let worker ``w`` start at raw position ``next_positions[w]`` (the rest: 0)."""
+        self._resume = (epoch, dict(next_positions))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -176,31 +193,56 @@ class VideoQAStream(IterableDataset):
         yield from buffer
 
     def __iter__(self) -> Iterator[VideoQASample]:
+        worker = get_worker_info()
+        worker_id = worker.id if worker else 0
+        skip = 0
+        if self._resume is not None and self._resume[0] == self.epoch:
+            skip = self._resume[1].get(worker_id, 0)
         urls = ({"url": shard} for shard in self._my_shards())
         raw_samples: Iterator[dict[str, Any]] = wds.tarfile_to_samples(handler=self._on_tar_error)(urls)
         if self.shuffle and self.shuffle_buffer > 1:
             raw_samples = self._shuffled(raw_samples)
-        for raw in raw_samples:
+        for position, raw in enumerate(raw_samples):
+            if position < skip:  # trained on before the resume: not decoded again
+                continue
             sample = self._decode(raw)
             if sample is not None:
+                sample.epoch, sample.worker, sample.position = self.epoch, worker_id, position
                 yield sample
 
 
 class EpochAwareDataLoader(torch.utils.data.DataLoader):
     """A DataLoader that tells its :class:`VideoQAStream` the epoch before each pass.
 
-    Lightning only forwards the epoch to samplers, which iterable datasets cannot have; the
-    epoch is read from a callable (the trainer's ``current_epoch``) so that a resumed run
-    shuffles exactly like an uninterrupted one.
+    Lightning only forwards the epoch to samplers, which iterable datasets cannot have. The
+    epoch of each pass comes from ``epoch_fn`` (called once per pass; by default the passes are
+    counted), and ``on_exhausted(epoch)`` is called when a pass has been read to its end, so
+    that the datamodule knows, at a checkpoint, whether the epoch it is in was finished.
     """
 
-    def __init__(self, dataset: VideoQAStream, *, epoch_fn: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: VideoQAStream,
+        *,
+        epoch_fn: Callable[[], int] | None = None,
+        on_exhausted: Callable[[int], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(dataset, **kwargs)
         self._epoch_fn = epoch_fn
+        self._on_exhausted = on_exhausted
         self._passes = 0
 
     def __iter__(self):  # type: ignore[override]
-        epoch = self._epoch_fn() if self._epoch_fn is not None else self._passes
-        self.dataset.set_epoch(int(epoch))  # type: ignore[attr-defined]
+        epoch = int(self._epoch_fn()) if self._epoch_fn is not None else self._passes
+        self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
         self._passes += 1
-        return super().__iter__()
+        iterator = super().__iter__()
+        if self._on_exhausted is None:
+            return iterator
+        return self._watched(iterator, epoch)
+
+    def _watched(self, iterator: Iterator[Any], epoch: int) -> Iterator[Any]:
+        yield from iterator
+        assert self._on_exhausted is not None
+        self._on_exhausted(epoch)

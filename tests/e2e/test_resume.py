@@ -1,0 +1,149 @@
+"""Exact resume: a run killed (SIGKILL mid-step, SIGTERM) and resumed with `--ckpt_path last` continues as
+if nothing happened: same samples in the same order, same per-step losses, same final weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_sft_cli import REPO_ROOT, run_cli
+
+MAX_STEPS = 16
+CHECKPOINT_EVERY = 4
+# 24 training samples, batches of 2 from one worker: an epoch is 12 steps.
+STEPS_PER_EPOCH = 12
+
+
+def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/sft.yaml").read_text())
+    trainer = config["trainer"]
+    trainer.update(
+        default_root_dir=str(run_dir),
+        max_steps=MAX_STEPS,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+        logger=[
+            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir)}}
+        ],
+    )
+    trainer["callbacks"] = [
+        {
+            "class_path": "callbacks.checkpoint.RunCheckpoint",
+            "init_args": {"every_n_train_steps": CHECKPOINT_EVERY},
+        },
+        {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}},
+    ]
+    config["model"]["init_args"].update(model_path=str(model_dir), warmup_steps=2, learning_rate=1e-3)
+    config["data"]["init_args"].update(
+        train_shards=str(synth_dir / "train-*.tar"),
+        val_shards=str(synth_dir / "val-*.tar"),
+        num_frames=8,
+        batch_size=2,
+        num_workers=1,
+        shuffle_buffer=8,
+    )
+    path = tmp_path / f"{run_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+ENV = {"PYTHONPATH": str(REPO_ROOT / "tests")}
+
+
+def steps_of(run_dir: Path) -> dict[int, dict]:
+    """Per step, the last record written for it (a resumed run re-does the steps after its checkpoint)."""
+    records = {}
+    for line in (run_dir / "steps.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records[record["step"]] = record
+    return records
+
+
+def weights_of(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
+
+
+def run_until(config: Path, run_dir: Path, step: int, sig: int, timeout: float = 300) -> int:
+    """Start `lvrl fit`, send ``sig`` once step ``step`` has finished; return the exit code."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **ENV}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "fit", "--config", str(config)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    steps = run_dir / "steps.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        if steps.exists() and any(json.loads(x)["step"] >= step for x in steps.read_text().splitlines()):
+            process.send_signal(sig)
+            break
+        time.sleep(0.05)
+    try:
+        _, stderr = process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert process.returncode is not None, stderr[-3000:]
+    return process.returncode
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
+    tmp = tmp_path_factory.mktemp("resume")
+    run_dir = tmp / "whole"
+    run_cli("fit", "--config", str(sft_config(tmp, run_dir, synth_dir, tiny_model_dir)), extra_env=ENV)
+    return run_dir
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    got, expected = steps_of(run_dir), steps_of(reference)
+    assert sorted(got) == sorted(expected) == list(range(1, MAX_STEPS + 1))
+    for step in expected:
+        assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
+        assert got[step]["loss"] == pytest.approx(expected[step]["loss"], rel=1e-5, abs=1e-6), f"step {step}"
+    ours, theirs = weights_of(run_dir), weights_of(reference)
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_uninterrupted_run_crosses_an_epoch_boundary(uninterrupted):
+    steps = steps_of(uninterrupted)
+    first_epoch = [k for s in range(1, STEPS_PER_EPOCH + 1) for k in steps[s]["keys"]]
+    assert len(first_epoch) == len(set(first_epoch)) == 24  # every sample once, then epoch 2
+    assert set(steps[STEPS_PER_EPOCH + 1]["keys"]) <= set(first_epoch)
+
+
+@pytest.mark.parametrize(
+    ("sig", "after_step"),
+    [
+        (signal.SIGKILL, 6),  # mid-step 7: resumes from the step-4 checkpoint, redoes 5-7
+        (signal.SIGTERM, 9),  # a checkpoint of the step the signal ends
+        (signal.SIGKILL, 13),  # resumes from step 12: at the epoch boundary
+    ],
+)
+def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_model_dir, sig, after_step):
+    run_dir = tmp_path / "killed"
+    config = sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    code = run_until(config, run_dir, after_step, sig)
+    assert code == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    if sig == signal.SIGTERM:
+        assert saved["global_step"] >= after_step  # saved at the signal, not at the last periodic save
+    else:
+        assert saved["global_step"] == after_step // CHECKPOINT_EVERY * CHECKPOINT_EVERY
+    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
+    assert_same_run(run_dir, uninterrupted)
