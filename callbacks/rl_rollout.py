@@ -111,8 +111,10 @@ class RolloutCallback(Callback):
             from rollout.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(str(pl_module.hparams.model_path), **self.vllm_kwargs)
-            # A resumed run's weights differ from model_path: sync before the first rollout.
-            if trainer.global_step > 0:
+            # A resumed run's weights differ from model_path: sync before the first rollout. (The
+            # checkpoint's weights are already loaded here, but its global step is restored only
+            # after on_fit_start, so the step cannot tell a resume; the sync costs one weight push.)
+            if trainer.ckpt_path is not None:
                 self.engine.update_weights(pl_module.model.state_dict().items())
         else:
             from rollout.hf_engine import TransformersEngine

@@ -67,6 +67,7 @@ class VLLMEngine:
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
         # engine-level seed alone keeps runs reproducible.
         self.per_request_seed = on_gpu
+        self._in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -105,7 +106,20 @@ class VLLMEngine:
             logprobs=0,
             seed=sampling.seed if self.per_request_seed else None,
         )
-        outputs = self.llm.generate([self._prompt(r) for r in requests], params, use_tqdm=False)
+        prompts = [self._prompt(r) for r in requests]
+        if self.per_request_seed or sampling.seed is None or not self._in_process:
+            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        else:
+            # Without per-request seeds the in-process sampler draws from torch's global CPU
+            # generator, whose state would depend on every earlier rollout: seed it for this call
+            # (the same seed gives the same samples, also after a resume) and give the trainer
+            # its own generator state back.
+            trainer_state = torch.get_rng_state()
+            torch.manual_seed(sampling.seed)
+            try:
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            finally:
+                torch.set_rng_state(trainer_state)
         results = []
         for output in outputs:
             completions = []

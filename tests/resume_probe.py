@@ -21,18 +21,20 @@ class StepRecorder(L.Callback):
         self.out = out
         self._keys: list[str] = []
         self._stream: list[list[int]] = []
+        self._rollout: float | None = None
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._keys = [m["key"] for m in batch["meta"]]
         self._stream = [list(m["stream"]) for m in batch["meta"]]
+        rollout = batch.get("rollout")
+        # The engine's log-probs of the sampled tokens: equal only if the same tokens were sampled.
+        self._rollout = None if rollout is None else float(rollout.old_logprobs.double().sum())
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         metrics = trainer.callback_metrics
-        loss = outputs["loss"] if isinstance(outputs, dict) and "loss" in outputs else outputs
-        if loss is None:
-            loss = metrics.get("train/loss")
+        loss = metrics.get("train/loss")  # both modules log it every step
         reward = metrics.get("reward/total_mean")
         record = {
             "step": trainer.global_step,
@@ -41,8 +43,19 @@ class StepRecorder(L.Callback):
             "epoch": trainer.current_epoch,
             "loss": float(loss) if isinstance(loss, torch.Tensor | float) else None,
             "reward": float(reward) if reward is not None else None,
+            "rollout_logprob_sum": self._rollout,
         }
         with open(self.out, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+class SeededAdvantages(L.Callback):
+    """Replaces the rollout's advantages by normal draws seeded with the step (after the rollout
+    callback): an untrained tiny model scores every completion 0, so GRPO would not move."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        rollout = batch["rollout"]
+        generator = torch.Generator().manual_seed(1000 + trainer.global_step)
+        rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_grpo_cli import tiny_rollout_settings
 from test_sft_cli import REPO_ROOT, run_cli
 
 MAX_STEPS = 16
@@ -147,3 +148,60 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
         assert saved["global_step"] == after_step // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
     assert_same_run(run_dir, uninterrupted)
+
+
+def grpo_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path, max_steps: int) -> Path:
+    config = tiny_rollout_settings("configs/demo/grpo.yaml", "vllm")
+    trainer = config["trainer"]
+    trainer.update(
+        default_root_dir=str(run_dir),
+        max_steps=max_steps,
+        limit_val_batches=0,
+        logger=[
+            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir)}}
+        ],
+    )
+    rollout = trainer["callbacks"][0]
+    trainer["callbacks"] = [
+        rollout,
+        {"class_path": "resume_probe.SeededAdvantages"},
+        {"class_path": "callbacks.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 2}},
+        {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}},
+    ]
+    config["model"]["init_args"].update(model_path=str(model_dir), learning_rate=1e-3, max_new_tokens=8)
+    config["data"]["init_args"].update(
+        train_shards=str(synth_dir / "train-*.tar"),
+        val_shards=str(synth_dir / "val-*.tar"),
+        num_frames=8,
+        batch_size=2,
+        num_workers=1,
+        shuffle_buffer=8,
+    )
+    path = tmp_path / f"{run_dir.name}-grpo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_grpo_run_killed_mid_step_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
+    # vLLM rollouts seeded per step, weights re-synced to the engine on resume: the resumed run
+    # samples the same completions (same engine log-probs), so losses and weights agree too.
+    steps = 6
+    whole = tmp_path / "whole"
+    run_cli(
+        "fit", "--config", str(grpo_config(tmp_path, whole, synth_dir, tiny_model_dir, steps)), extra_env=ENV
+    )
+    killed = tmp_path / "killed"
+    config = grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, steps)
+    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
+    assert torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
+
+    got, expected = steps_of(killed), steps_of(whole)
+    assert sorted(got) == sorted(expected) == list(range(1, steps + 1))
+    for step in expected:
+        assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
+        for field in ("rollout_logprob_sum", "loss", "reward"):
+            assert got[step][field] == pytest.approx(expected[step][field], rel=1e-4, abs=1e-5), (step, field)
+    ours, theirs = weights_of(killed), weights_of(whole)
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
