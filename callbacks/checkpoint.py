@@ -3,8 +3,11 @@
 ``--ckpt_path last`` finds the previous run's ``last.ckpt`` in ``<default_root_dir>/checkpoints``.
 A checkpoint holds what an exact continuation needs: weights, optimizer and schedule, the
 global step (Lightning), the data stream position (the datamodule's state), and here the
-Python, NumPy and torch RNG states of every rank. Lightning writes a checkpoint to a temporary
-file and renames it, so a crash while saving leaves the previous one intact.
+Python, NumPy and torch RNG states of every rank. Local checkpoints are written by
+:class:`AtomicCheckpointIO`: to a temporary file next to the target, synced, then renamed over
+it, so a crash while saving leaves the previous checkpoint intact. (Lightning's own writer
+stages the file in the system temp folder and moves it; across file systems that move is a
+copy, which a crash can leave half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
 with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once.
@@ -21,8 +24,46 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+
+PARTIAL_MARKER = ".partial-"
+"""Infix of checkpoint files being written (``last.ckpt.partial-<pid>``); never a ``.ckpt``."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes local checkpoints to ``<path>.partial-<pid>``, fsyncs, and renames over ``<path>``.
+
+    Remote paths (``s3://``, ...) go to Lightning's writer unchanged.
+    """
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        target = str(path)
+        if "://" in target and not target.startswith("file://"):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = target.removeprefix("file://")
+        folder = os.path.dirname(os.path.abspath(target))
+        os.makedirs(folder, exist_ok=True)
+        partial = f"{target}{PARTIAL_MARKER}{os.getpid()}"
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        # The rename itself must reach the disk before the previous checkpoint is relied on.
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
 
 def rng_states() -> dict[str, Any]:
@@ -69,6 +110,13 @@ class RunCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._use_run_folder(trainer)
+        # Atomic writes unless the run chose its own checkpoint writer.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        if trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
+            for name in os.listdir(self.dirpath):  # left by a run killed while saving
+                if PARTIAL_MARKER in name:
+                    os.unlink(os.path.join(self.dirpath, name))
         super().setup(trainer, pl_module, stage)
 
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:

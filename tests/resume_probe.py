@@ -59,3 +59,13 @@ class SeededAdvantages(L.Callback):
         rollout = batch["rollout"]
         generator = torch.Generator().manual_seed(1000 + trainer.global_step)
         rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)
+
+
+class Ballast(L.Callback):
+    """Makes every checkpoint ``megabytes`` larger, so that writing one takes a while (to be killed)."""
+
+    def __init__(self, megabytes: int) -> None:
+        self.megabytes = megabytes
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint["ballast"] = torch.ones(self.megabytes * 2**18)  # float32: 4 bytes each

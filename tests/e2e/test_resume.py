@@ -131,7 +131,6 @@ def test_the_uninterrupted_run_crosses_an_epoch_boundary(uninterrupted):
 @pytest.mark.parametrize(
     ("sig", "after_step"),
     [
-        (signal.SIGKILL, 6),  # mid-step 7: resumes from the step-4 checkpoint, redoes 5-7
         (signal.SIGTERM, 9),  # a checkpoint of the step the signal ends
         (signal.SIGKILL, 13),  # resumes from step 12: at the epoch boundary
     ],
@@ -205,3 +204,54 @@ def test_a_grpo_run_killed_mid_step_resumes_exactly(tmp_path, synth_dir, tiny_mo
     ours, theirs = weights_of(killed), weights_of(whole)
     for name in theirs:
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, synth_dir, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    config_path = sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    config = yaml.safe_load(config_path.read_text())
+    config["trainer"]["callbacks"][0]["init_args"]["every_n_train_steps"] = 1
+    config["trainer"]["callbacks"].append(
+        {"class_path": "resume_probe.Ballast", "init_args": {"megabytes": 400}}
+    )
+    config_path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "WANDB_MODE": "offline", **ENV}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "fit", "--config", str(config_path)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    folder = run_dir / "checkpoints"
+    deadline = time.monotonic() + 300
+    partial: list[Path] = []
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            partial = list(folder.glob("last.ckpt.partial-*")) if (folder / "last.ckpt").exists() else []
+            if partial:
+                process.kill()  # the step-1 checkpoint is complete, a later one is being written
+                break
+            time.sleep(0.005)
+    finally:
+        process.kill()
+        process.wait()
+    assert partial, "never saw a checkpoint being written"
+    saved = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
+    assert saved["global_step"] >= 1 and saved["ballast"].numel() == 400 * 2**18
+    # Resuming picks the complete checkpoint and clears the half-written file.
+    run_cli(
+        "fit",
+        "--config",
+        str(config_path),
+        "--ckpt_path",
+        "last",
+        "--trainer.max_steps",
+        str(saved["global_step"] + 1),
+        extra_env=ENV,
+    )
+    assert not list(folder.glob("*.partial-*"))
+    assert (
+        torch.load(folder / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
+        == saved["global_step"] + 1
+    )
