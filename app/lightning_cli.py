@@ -12,6 +12,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from datamodules.longvideo_reason import LongVideoReasonDataModule
+from models.failures import SafeStop
 from models.vlm_module import VLMModule
 
 RUN_DIR_TOKEN = "${trainer.default_root_dir}"
@@ -75,6 +76,9 @@ def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
             args=list(argv),
             auto_configure_optimizers=False,
         )
+    except SafeStop as stop:
+        print(f"training stopped: {stop}\ncontinue with --ckpt_path last once fixed", file=sys.stderr)
+        sys.exit(1)
     except SIGTERMException:
         # Lightning stops at the end of the step on SIGTERM (RunCheckpoint has saved last.ckpt)
         # and raises a SystemExit with status 0, which would look like a finished run.

@@ -10,7 +10,9 @@ stages the file in the system temp folder and moves it; across file systems that
 copy, which a crash can leave half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
-with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once.
+with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. Training that stops with a
+:class:`~models.failures.SafeStop` (non-finite updates, a rollout engine that cannot be
+restarted) also leaves a ``last.ckpt``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
+
+from models.failures import SafeStop
 
 PARTIAL_MARKER = ".partial-"
 """Infix of checkpoint files being written (``last.ckpt.partial-<pid>``); never a ``.ckpt``."""
@@ -168,6 +172,16 @@ class RunCheckpoint(ModelCheckpoint):
             and trainer.global_step != self._last_global_step_saved
         ):
             rank_zero_info(f"pre-empted: saving the checkpoint of step {trainer.global_step}")
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        # Stopped between two steps (non-finite updates, a rollout engine that cannot be
+        # restarted): the state is consistent, so keep it.
+        stopped_safely = isinstance(exception, SafeStop) and trainer.state.fn == "fit"
+        if stopped_safely and self.save_last and trainer.global_step != self._last_global_step_saved:
+            rank_zero_info(f"saving the checkpoint of step {trainer.global_step} before stopping")
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

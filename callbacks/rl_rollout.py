@@ -9,8 +9,10 @@ the optimizer step the new weights are pushed to the engine.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.checkpoint import rng_states, set_rng_states
+from models.failures import RolloutFailed
 from models.grpo import GRPOModule, RolloutBatch
 from models.logprobs import build_scoring_batch
 from models.rl.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
@@ -58,6 +62,12 @@ class RolloutCallback(Callback):
         log_samples_every_n_steps: write sampled completions with their rewards (JSONL in the
             run folder, and a wandb table when wandb logs) every N steps; 0 disables.
         seed: base sampling seed (step-dependent), None for nondeterministic sampling.
+        rollout_timeout_s: a rollout that takes longer stops the run with a checkpoint (an
+            in-process engine that hangs cannot be recovered in place); None: no limit.
+
+    An engine that fails during a rollout (an exception: a crashed worker, a lost device) is
+    shut down, started again with the current weights, and the step's rollout retried once; a
+    second failure stops the run with a checkpoint (:class:`~models.failures.RolloutFailed`).
     """
 
     def __init__(
@@ -75,6 +85,7 @@ class RolloutCallback(Callback):
         vllm_gpu_memory_utilization: float = 0.4,
         log_samples_every_n_steps: int = 10,
         seed: int | None = 0,
+        rollout_timeout_s: float | None = None,
     ) -> None:
         if engine not in ("vllm", "transformers"):
             raise ValueError(f"engine must be 'vllm' or 'transformers', got {engine!r}")
@@ -91,6 +102,11 @@ class RolloutCallback(Callback):
             "gpu_memory_utilization": vllm_gpu_memory_utilization,
         }
         self.log_samples_every_n_steps = log_samples_every_n_steps
+        if rollout_timeout_s is not None and rollout_timeout_s <= 0:
+            raise ValueError(f"rollout_timeout_s={rollout_timeout_s} must be positive or null")
+        self.rollout_timeout_s = rollout_timeout_s
+        self.engine_restarts = 0
+        """Engines restarted after a failed rollout (logged as ``rollout/engine_restarts``)."""
         self.engine: Any = None
         self._train_started = time.perf_counter()
         self.vision_calls = 0
@@ -107,19 +123,91 @@ class RolloutCallback(Callback):
             )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # A resumed run's weights differ from model_path: sync before the first rollout. (The
+        # checkpoint's weights are already loaded here, but its global step is restored only
+        # after on_fit_start, so the step cannot tell a resume; the sync costs one weight push.)
+        self._start_engine(pl_module, sync_weights=trainer.ckpt_path is not None)
+
+    def _start_engine(self, pl_module: L.LightningModule, *, sync_weights: bool) -> None:
         if self.engine_name == "vllm":
             from rollout.vllm_engine import VLLMEngine
 
+            # An in-process vLLM engine seeds the global RNGs when it starts; keep the trainer's
+            # (restored from the checkpoint on a resume).
+            trainer_rng = rng_states()
             self.engine = VLLMEngine(str(pl_module.hparams.model_path), **self.vllm_kwargs)
-            # A resumed run's weights differ from model_path: sync before the first rollout. (The
-            # checkpoint's weights are already loaded here, but its global step is restored only
-            # after on_fit_start, so the step cannot tell a resume; the sync costs one weight push.)
-            if trainer.ckpt_path is not None:
+            set_rng_states(trainer_rng)
+            if sync_weights:
                 self.engine.update_weights(pl_module.model.state_dict().items())
         else:
             from rollout.hf_engine import TransformersEngine
 
             self.engine = TransformersEngine(pl_module.model, pl_module.processor.tokenizer)
+
+    def _restart_engine(self, pl_module: L.LightningModule) -> None:
+        old, self.engine = self.engine, None
+        shutdown = getattr(old, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception as error:  # it has failed already; only its resources matter now
+                log.warning("shutting the failed engine down raised %s: %s", type(error).__name__, error)
+        del old
+        gc.collect()
+        self._start_engine(pl_module, sync_weights=True)
+        self.engine_restarts += 1
+
+    def _generate_once(self, requests: list[RolloutRequest], sampling: SamplingConfig, shard: Any) -> list:
+        if self.rollout_timeout_s is None:
+            return self._generate(requests, sampling, shard)
+        # A daemon thread, so that a hung engine cannot keep the process from exiting.
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["results"] = self._generate(requests, sampling, shard)
+            except BaseException as error:  # handed to the training thread
+                outcome["error"] = error
+
+        thread = threading.Thread(target=run, name="rollout", daemon=True)
+        thread.start()
+        thread.join(self.rollout_timeout_s)
+        if thread.is_alive():
+            raise RolloutFailed(
+                f"the rollout engine did not answer within rollout_timeout_s={self.rollout_timeout_s} s; "
+                "an in-process engine that hangs cannot be recovered in place"
+            )
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["results"]
+
+    def _generate_with_restart(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        requests: list[RolloutRequest],
+        sampling: SamplingConfig,
+        shard: Any,
+    ) -> list:
+        try:
+            return self._generate_once(requests, sampling, shard)
+        except RolloutFailed:
+            raise
+        except Exception as error:
+            log.error(
+                "step %d: the rollout engine failed (%s: %s); restarting it and retrying the rollout",
+                trainer.global_step,
+                type(error).__name__,
+                error,
+            )
+            self._restart_engine(pl_module)
+            try:
+                return self._generate_once(requests, sampling, shard)
+            except Exception as again:
+                raise RolloutFailed(
+                    f"the rollout engine failed again after a restart at step {trainer.global_step}: "
+                    f"{type(again).__name__}: {again}"
+                ) from again
 
     # -- before the step: rollouts ------------------------------------------------------------
     def on_train_batch_start(
@@ -152,7 +240,7 @@ class RolloutCallback(Callback):
         step_seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * trainer.global_step
         sampling = dataclasses.replace(self.sampling, seed=step_seed)
         self.engine.wake()
-        results = self._generate(requests, sampling, shard)
+        results = self._generate_with_restart(trainer, pl_module, requests, sampling, shard)
         self.engine.sleep()
         rollout_time = time.perf_counter() - started
 
@@ -233,6 +321,7 @@ class RolloutCallback(Callback):
             for t, o, a in zip(texts, fields["options"], fields["answer"], strict=True)
         ]
         pl_module.log("rollout/accuracy", sum(correct) / n, prog_bar=True, batch_size=n)
+        pl_module.log("rollout/engine_restarts", float(self.engine_restarts), batch_size=n)
         pl_module.log("rollout/format_rate", sum(follows_format(t) for t in texts) / n, batch_size=n)
         lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
         pl_module.log("rollout/response_length_mean", lengths.mean(), batch_size=n)

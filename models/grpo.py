@@ -85,6 +85,7 @@ class GRPOModule(VLMModule):
         max_new_tokens: int = 256,
         val_samples: int = 0,
         val_temperature: float = 1.0,
+        max_consecutive_nonfinite: int = 5,
         dtype: str = "float32",
         attn_implementation: str | None = None,
         clip_low: float = 0.2,
@@ -111,6 +112,7 @@ class GRPOModule(VLMModule):
             max_new_tokens=max_new_tokens,
             val_samples=val_samples,
             val_temperature=val_temperature,
+            max_consecutive_nonfinite=max_consecutive_nonfinite,
             dtype=dtype,
             attn_implementation=attn_implementation,
         )
@@ -160,6 +162,7 @@ class GRPOModule(VLMModule):
                 for rows in micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows):
                     merge_stats(totals, self._diagnostics(rollout, rows))
         self.log("train/trained_row_fraction", len(trained) / total_rows, batch_size=total_rows)
+        self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=total_rows)
         self._log_step(totals, total_rows)
 
     # -- pieces of the step ------------------------------------------------------------------
@@ -267,6 +270,14 @@ class GRPOModule(VLMModule):
             reduce_gradients(self.parameters())
         params = [p for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+        # Gradients are reduced over the ranks by now, so every rank sees the same norm and
+        # skips together.
+        loss = totals.get("loss", torch.zeros(()))
+        if not (torch.isfinite(grad_norm) and torch.isfinite(loss)):
+            optimizer.zero_grad(set_to_none=True)
+            self.skip_nonfinite_update("gradient norm" if torch.isfinite(loss) else "loss")
+            return  # no optimizer or schedule step: global_step counts applied updates only
+        self.note_finite_update()
         merge_stats(totals, {"grad_norm": grad_norm.detach()})
         if self.hparams.max_grad_norm is not None and params:
             self.clip_gradients(

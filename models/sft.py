@@ -17,9 +17,17 @@ class SFTModule(VLMModule):
     end-of-turn token. Arguments are those of :class:`~models.vlm_module.VLMModule`.
     """
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
         loss = self.token_mean_loss(batch)
         batch_size = batch["input_ids"].shape[0]
+        # Every rank must take the same decision (a rank that skips would leave the others
+        # waiting in the gradient all-reduce).
+        nonfinite = self.trainer.strategy.reduce((~torch.isfinite(loss.detach())).float(), reduce_op="sum")
+        self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=batch_size)
+        if float(nonfinite) > 0:
+            self.skip_nonfinite_update("loss")
+            return None  # Lightning skips the backward pass and the optimizer step
+        self.note_finite_update()
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log("train/target_tokens", (batch["labels"] != -100).sum().float(), batch_size=batch_size)
         # The optimizer step this batch makes (Lightning's logger "step" can run one ahead after a resume).

@@ -13,6 +13,7 @@ under the plain ``val/...`` names.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from models.failures import NonFiniteUpdates
 from models.loading import load_model, load_processor
 from models.metrics import MultipleChoiceScores, format_accuracy_table
 from models.positions import mrope_position_ids
@@ -30,6 +32,8 @@ from parallel.shard import SequenceShard
 from rewards.parsing import follows_format, response_choice
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
 from rollout.hf_engine import TransformersEngine
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,6 +67,9 @@ class VLMModule(L.LightningModule):
             at ``val_temperature`` and report ``val/sampled_accuracy`` (the mean fraction right:
             the quantity RL raises, which greedy accuracy shows only once the mode flips); 0: off.
         val_temperature: sampling temperature of those answers.
+        max_consecutive_nonfinite: a step whose loss or gradient norm is NaN or infinite is
+            skipped (no update; counted in ``train/nonfinite_skipped``); after this many in a
+            row training stops with a checkpoint of the last good state.
         dtype: parameter dtype: float32 or bfloat16.
         attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``);
             None = the HF default.
@@ -81,6 +88,7 @@ class VLMModule(L.LightningModule):
         max_new_tokens: int = 256,
         val_samples: int = 0,
         val_temperature: float = 1.0,
+        max_consecutive_nonfinite: int = 5,
         dtype: str = "float32",
         attn_implementation: str | None = None,
     ) -> None:
@@ -91,6 +99,8 @@ class VLMModule(L.LightningModule):
             raise ValueError(
                 f"val_samples={val_samples} must be >= 0 and val_temperature={val_temperature} > 0"
             )
+        if max_consecutive_nonfinite < 1:
+            raise ValueError(f"max_consecutive_nonfinite={max_consecutive_nonfinite} must be at least 1")
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         self.save_hyperparameters()
@@ -106,6 +116,9 @@ class VLMModule(L.LightningModule):
         """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
         self.supports_sequence_parallel = False
         """Whether the training step scores with ``sequence_shard`` (subclasses that do say so)."""
+        self.nonfinite_skipped = 0
+        """Updates skipped so far for a non-finite loss or gradient norm."""
+        self._consecutive_nonfinite = 0
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -182,6 +195,30 @@ class VLMModule(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, scale)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- non-finite updates ------------------------------------------------------------------
+    def skip_nonfinite_update(self, what: str) -> None:
+        """Count an update skipped for a non-finite ``what``; stop after too many in a row."""
+        self.nonfinite_skipped += 1
+        self._consecutive_nonfinite += 1
+        limit = self.hparams.max_consecutive_nonfinite
+        log.warning(
+            "step %d: non-finite %s, update skipped (%d in a row, %d in all; the run stops at %d in a row)",
+            self.global_step,
+            what,
+            self._consecutive_nonfinite,
+            self.nonfinite_skipped,
+            limit,
+        )
+        if self._consecutive_nonfinite >= limit:
+            raise NonFiniteUpdates(
+                f"{limit} consecutive updates had a non-finite {what} (each was skipped); stopping at step "
+                f"{self.global_step} with a checkpoint of the last good weights. Lower the learning rate, "
+                "check the data and rewards, or raise model.max_consecutive_nonfinite"
+            )
+
+    def note_finite_update(self) -> None:
+        self._consecutive_nonfinite = 0
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()

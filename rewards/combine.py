@@ -121,11 +121,30 @@ def _check_fields(num_completions: int, fields: Mapping[str, Sequence[Any]]) -> 
             )
 
 
+def _sample_name(fields: Mapping[str, Any], index: int) -> str:
+    key = fields.get("key")
+    return f"completion {index} (sample {key[index]!r})" if key is not None else f"completion {index}"
+
+
+def _first_failing(fn: RewardFunction, completions: list[str], fields: Mapping[str, Any]) -> int | None:
+    # The batch call raised: score one completion at a time to name the sample at fault.
+    for index in range(len(completions)):
+        try:
+            fn(completions[index : index + 1], **{k: v[index : index + 1] for k, v in fields.items()})
+        except Exception:
+            return index
+    return None
+
+
 def _call(name: str, fn: RewardFunction, completions: list[str], fields: Mapping[str, Any]) -> list[float]:
     try:
         raw = fn(completions, **fields)
     except Exception as error:
-        raise RewardError(f"reward function {name!r} raised {type(error).__name__}: {error}") from error
+        index = _first_failing(fn, completions, fields)
+        where = f" on {_sample_name(fields, index)}" if index is not None else ""
+        raise RewardError(
+            f"reward function {name!r} raised {type(error).__name__}{where}: {error}"
+        ) from error
     if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
         raise RewardError(f"reward function {name!r} returned {type(raw).__name__}, not a list of floats")
     if len(raw) != len(completions):
@@ -138,10 +157,11 @@ def _call(name: str, fn: RewardFunction, completions: list[str], fields: Mapping
             number = float(value)
         except (TypeError, ValueError):
             raise RewardError(
-                f"reward function {name!r} returned {value!r} for completion {index}, expected a float"
+                f"reward function {name!r} returned {value!r} for {_sample_name(fields, index)}, "
+                "expected a float"
             ) from None
         if not math.isfinite(number):
-            raise RewardError(f"reward function {name!r} returned {number} for completion {index}")
+            raise RewardError(f"reward function {name!r} returned {number} for {_sample_name(fields, index)}")
         values.append(number)
     return values
 

@@ -142,6 +142,12 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
 
+    def shutdown(self) -> None:
+        """Stop the engine's core (best effort: used on an engine that has failed)."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
     def sleep(self) -> None:
         if self.sleep_supported:
             self.llm.sleep(level=1)

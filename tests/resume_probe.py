@@ -53,12 +53,55 @@ class StepRecorder(L.Callback):
 
 class SeededAdvantages(L.Callback):
     """Replaces the rollout's advantages by normal draws seeded with the step (after the rollout
-    callback): an untrained tiny model scores every completion 0, so GRPO would not move."""
+    callback): an untrained tiny model scores every completion 0, so GRPO would not move.
+
+    ``nan_from_step``: from that global step on, the advantages are NaN (``nan_times`` batches
+    in all; None: every batch from then on), which makes the loss NaN.
+    """
+
+    def __init__(self, nan_from_step: int | None = None, nan_times: int | None = None) -> None:
+        self.nan_from_step = nan_from_step
+        self.nan_times = nan_times
+        self.injected = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         rollout = batch["rollout"]
         generator = torch.Generator().manual_seed(1000 + trainer.global_step)
         rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)
+        poisoned = self.nan_from_step is not None and trainer.global_step >= self.nan_from_step
+        if poisoned and (self.nan_times is None or self.injected < self.nan_times):
+            rollout.advantages = torch.full_like(rollout.advantages, float("nan"))
+            self.injected += 1
+
+
+class EngineKiller(L.Callback):
+    """Shuts the rollout engine down before the rollout of ``at_step`` (put it before the rollout
+    callback), as a crashed engine; with ``every_restart`` also each engine started after that."""
+
+    def __init__(self, at_step: int, every_restart: bool = False) -> None:
+        self.at_step = at_step
+        self.every_restart = every_restart
+        self.done = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        from callbacks.rl_rollout import RolloutCallback
+
+        rollout = next(c for c in trainer.callbacks if isinstance(c, RolloutCallback))
+        self.rollout = rollout
+        if self.every_restart:
+            start = rollout._start_engine
+
+            def start_dead(*args: Any, **kwargs: Any) -> None:
+                start(*args, **kwargs)
+                if self.done:
+                    rollout.engine.shutdown()
+
+            rollout._start_engine = start_dead
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.at_step and not self.done:
+            self.rollout.engine.shutdown()
+            self.done = True
 
 
 class Ballast(L.Callback):

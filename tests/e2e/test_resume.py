@@ -32,7 +32,10 @@ def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) 
         limit_val_batches=0,
         log_every_n_steps=1,
         logger=[
-            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir)}}
+            {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(run_dir), "name": "csv"},
+            }
         ],
     )
     trainer["callbacks"] = [
@@ -157,7 +160,10 @@ def grpo_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path,
         max_steps=max_steps,
         limit_val_batches=0,
         logger=[
-            {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(run_dir)}}
+            {
+                "class_path": "lightning.pytorch.loggers.CSVLogger",
+                "init_args": {"save_dir": str(run_dir), "name": "csv"},
+            }
         ],
     )
     rollout = trainer["callbacks"][0]

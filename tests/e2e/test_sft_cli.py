@@ -42,9 +42,11 @@ def run_cli(
     return result
 
 
-def run_cli_expecting_failure(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli_expecting_failure(
+    *args: str, timeout: int = 300, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``lvrl ARGS`` that must exit non-zero; returns the result so the message can be checked."""
-    result = _run(args, timeout, None)
+    result = _run(args, timeout, extra_env)
     assert result.returncode != 0, f"lvrl {' '.join(args)} succeeded unexpectedly:\n{result.stderr[-2000:]}"
     return result
 

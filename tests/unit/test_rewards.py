@@ -422,13 +422,26 @@ def test_a_raising_function_is_named_and_chained(temporary_rewards: None) -> Non
     def broken(completions: list[str], **_: Any) -> list[float]:
         raise ZeroDivisionError("boom")
 
-    with pytest.raises(RewardError, match="'broken' raised ZeroDivisionError: boom") as info:
+    with pytest.raises(RewardError, match="'broken' raised ZeroDivisionError on completion 0: boom") as info:
         compute_rewards([RewardSpec("format", 0.1), RewardSpec("broken", 1.0)], ["x"], {})
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
+def test_the_sample_a_reward_function_fails_on_is_named(temporary_rewards: None) -> None:
+    @register("picky")
+    def picky(completions: list[str], **_: Any) -> list[float]:
+        if any("bad" in c for c in completions):
+            raise ValueError("cannot score this")
+        return [1.0 for _ in completions]
+
+    fields = {"key": ["k0", "k1", "k2"], "answer": ["A", "B", "C"]}
+    with pytest.raises(RewardError, match=r"'picky' raised ValueError on completion 1 \(sample 'k1'\)"):
+        compute_rewards([RewardSpec("picky", 1.0)], ["fine", "bad", "fine"], fields)
+
+
 def test_a_malformed_key_surfaces_as_reward_error() -> None:
-    with pytest.raises(RewardError, match="'accuracy' raised ValueError: multiple-choice key") as info:
+    message = "'accuracy' raised ValueError on completion 0: multiple-choice key"
+    with pytest.raises(RewardError, match=message) as info:
         compute_rewards(default_reward_specs(), [wrap("B")], {"answer": ["blue"], "problem_type": [MC]})
     assert isinstance(info.value.__cause__, ValueError)
 

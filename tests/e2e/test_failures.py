@@ -1,0 +1,68 @@
+"""Fault isolation in GRPO runs: a crashed rollout engine is restarted once, non-finite updates are
+skipped, and a run that cannot go on stops with a clear message and a usable checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+from test_resume import ENV, grpo_config, steps_of
+from test_sft_cli import logged, run_cli, run_cli_expecting_failure
+
+
+def with_probes(config_path: Path, before_rollout: list[dict], model_args: dict | None = None) -> Path:
+    config = yaml.safe_load(config_path.read_text())
+    config["trainer"]["callbacks"][:0] = before_rollout
+    config["model"]["init_args"].update(model_args or {})
+    config_path.write_text(yaml.safe_dump(config))
+    return config_path
+
+
+def advantages_probe(config_path: Path, **init_args: object) -> None:
+    config = yaml.safe_load(config_path.read_text())
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"] == "resume_probe.SeededAdvantages":
+            callback["init_args"] = init_args
+    config_path.write_text(yaml.safe_dump(config))
+
+
+def test_a_crashed_engine_is_restarted_and_a_nan_update_is_skipped(tmp_path, synth_dir, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
+    with_probes(config, [{"class_path": "resume_probe.EngineKiller", "init_args": {"at_step": 1}}])
+    advantages_probe(config, nan_from_step=2, nan_times=1)
+    result = run_cli("fit", "--config", str(config), extra_env=ENV)
+    output = result.stdout + result.stderr
+    assert "step 1: the rollout engine failed" in output and "restarting it" in output
+    assert "step 2: non-finite loss, update skipped (1 in a row, 1 in all" in output
+    # Four updates were applied from five batches (the NaN one was skipped), with one restart.
+    steps = steps_of(run_dir)
+    assert sorted(steps) == [1, 2, 3, 4]
+    assert logged(run_dir, "rollout/engine_restarts")[-1] == 1.0
+    assert logged(run_dir, "train/nonfinite_skipped")[-1] == 1.0
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+
+
+def test_an_engine_that_fails_again_stops_the_run_with_a_checkpoint(tmp_path, synth_dir, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
+    killer = {"class_path": "resume_probe.EngineKiller", "init_args": {"at_step": 1, "every_restart": True}}
+    with_probes(config, [killer])
+    result = run_cli_expecting_failure("fit", "--config", str(config), extra_env=ENV)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "training stopped: the rollout engine failed again after a restart at step 1" in result.stderr
+    assert "continue with --ckpt_path last" in result.stderr
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
+
+
+def test_consecutive_nan_updates_stop_the_run_with_the_last_good_weights(tmp_path, synth_dir, tiny_model_dir):
+    run_dir = tmp_path / "run"
+    config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=6)
+    with_probes(config, [], {"max_consecutive_nonfinite": 2})
+    advantages_probe(config, nan_from_step=2)
+    result = run_cli_expecting_failure("fit", "--config", str(config), extra_env=ENV)
+    assert "training stopped: 2 consecutive updates had a non-finite loss" in result.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 2
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
