@@ -11,6 +11,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from app.validation import ConfigError, validate_config
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.failures import SafeStop
 from models.vlm_module import VLMModule
@@ -49,6 +50,12 @@ class LvrlCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = config.trainer.default_root_dir or os.getcwd()
         config.trainer = _substitute(config.trainer, RUN_DIR_TOKEN, str(run_dir))
+        # Before any logger, model or engine exists: an impossible config fails in seconds.
+        try:
+            validate_config(self.subcommand or "", config.as_dict())
+        except ConfigError as error:
+            print(f"lvrl {self.subcommand}: {error}", file=sys.stderr)
+            sys.exit(2)
 
     def before_fit(self) -> None:
         # Lightning's own error for this names neither the module nor the replacement setting.

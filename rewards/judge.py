@@ -221,3 +221,14 @@ def judged_accuracy_reward(
     for i, judgement in zip(to_judge, judgements, strict=True):
         scores[i] = judgement.score
     return scores
+
+
+def _validate_judge_kwargs(kwargs: dict[str, Any]) -> None:
+    judge = kwargs.get("judge")
+    if not isinstance(judge, dict | JudgeSettings):
+        raise ValueError("kwargs.judge must be {base_url, model, ...}")
+    if isinstance(judge, dict):
+        JudgeSettings(**judge)
+
+
+judged_accuracy_reward.validate_kwargs = _validate_judge_kwargs  # type: ignore[attr-defined]

@@ -23,12 +23,14 @@ CHECKPOINT_EVERY = 4
 STEPS_PER_EPOCH = 12
 
 
-def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/sft.yaml").read_text())
-    trainer = config["trainer"]
-    trainer.update(
+def _recorded_run(
+    config: dict, run_dir: Path, synth_dir: Path, max_steps: int, train_shards: str = "train-*.tar"
+) -> dict:
+    """Make a demo config small (CSV logs only, no validation, 2 samples of 8 frames per step from
+    one worker); returns the step recorder's callback spec, writing into the run folder."""
+    config["trainer"].update(
         default_root_dir=str(run_dir),
-        max_steps=MAX_STEPS,
+        max_steps=max_steps,
         limit_val_batches=0,
         log_every_n_steps=1,
         logger=[
@@ -38,22 +40,29 @@ def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) 
             }
         ],
     )
-    trainer["callbacks"] = [
-        {
-            "class_path": "callbacks.checkpoint.RunCheckpoint",
-            "init_args": {"every_n_train_steps": CHECKPOINT_EVERY},
-        },
-        {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}},
-    ]
-    config["model"]["init_args"].update(model_path=str(model_dir), warmup_steps=2, learning_rate=1e-3)
     config["data"]["init_args"].update(
-        train_shards=str(synth_dir / "train-*.tar"),
+        train_shards=str(synth_dir / train_shards),
         val_shards=str(synth_dir / "val-*.tar"),
         num_frames=8,
         batch_size=2,
         num_workers=1,
         shuffle_buffer=8,
     )
+    return {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}}
+
+
+def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/sft.yaml").read_text())
+    recorder = _recorded_run(config, run_dir, synth_dir, MAX_STEPS)
+    trainer = config["trainer"]
+    trainer["callbacks"] = [
+        {
+            "class_path": "callbacks.checkpoint.RunCheckpoint",
+            "init_args": {"every_n_train_steps": CHECKPOINT_EVERY},
+        },
+        recorder,
+    ]
+    config["model"]["init_args"].update(model_path=str(model_dir), warmup_steps=2, learning_rate=1e-3)
     path = tmp_path / f"{run_dir.name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -134,7 +143,6 @@ def test_the_uninterrupted_run_crosses_an_epoch_boundary(uninterrupted):
 @pytest.mark.parametrize(
     ("sig", "after_step"),
     [
-        (signal.SIGTERM, 9),  # a checkpoint of the step the signal ends
         (signal.SIGKILL, 13),  # resumes from step 12: at the epoch boundary
     ],
 )
@@ -152,62 +160,70 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
     assert_same_run(run_dir, uninterrupted)
 
 
-def grpo_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path, max_steps: int) -> Path:
+GRPO_STEPS = 6
+# The GRPO runs read 2 of the 6 training shards: 8 samples, an epoch of 4 steps.
+GRPO_SHARDS = "train-0000[01].tar"
+
+
+def grpo_config(
+    tmp_path: Path,
+    run_dir: Path,
+    synth_dir: Path,
+    model_dir: Path,
+    max_steps: int,
+    train_shards: str = "train-*.tar",
+) -> Path:
     config = tiny_rollout_settings("configs/demo/grpo.yaml", "vllm")
-    trainer = config["trainer"]
-    trainer.update(
-        default_root_dir=str(run_dir),
-        max_steps=max_steps,
-        limit_val_batches=0,
-        logger=[
-            {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(run_dir), "name": "csv"},
-            }
-        ],
-    )
-    rollout = trainer["callbacks"][0]
-    trainer["callbacks"] = [
+    recorder = _recorded_run(config, run_dir, synth_dir, max_steps, train_shards)
+    rollout = config["trainer"]["callbacks"][0]
+    config["trainer"]["callbacks"] = [
         rollout,
         {"class_path": "resume_probe.SeededAdvantages"},
         {"class_path": "callbacks.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 2}},
-        {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}},
+        recorder,
     ]
     config["model"]["init_args"].update(model_path=str(model_dir), learning_rate=1e-3, max_new_tokens=8)
-    config["data"]["init_args"].update(
-        train_shards=str(synth_dir / "train-*.tar"),
-        val_shards=str(synth_dir / "val-*.tar"),
-        num_frames=8,
-        batch_size=2,
-        num_workers=1,
-        shuffle_buffer=8,
-    )
     path = tmp_path / f"{run_dir.name}-grpo.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def test_a_grpo_run_killed_mid_step_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
+@pytest.fixture(scope="module")
+def uninterrupted_grpo(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
+    tmp = tmp_path_factory.mktemp("resume_grpo")
+    run_dir = tmp / "whole"
+    config = grpo_config(tmp, run_dir, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
+    run_cli("fit", "--config", str(config), extra_env=ENV)
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("sig", "after_step", "checkpoint_step"),
+    [
+        (signal.SIGKILL, 5, 4),  # mid-step 6; the step-4 checkpoint is at the epoch boundary
+        (signal.SIGTERM, 2, None),  # a checkpoint of the step during which the signal came
+    ],
+)
+def test_a_grpo_run_resumes_exactly(
+    uninterrupted_grpo, tmp_path, synth_dir, tiny_model_dir, sig, after_step, checkpoint_step
+):
     # vLLM rollouts seeded per step, weights re-synced to the engine on resume: the resumed run
     # samples the same completions (same engine log-probs), so losses and weights agree too.
-    steps = 6
-    whole = tmp_path / "whole"
-    run_cli(
-        "fit", "--config", str(grpo_config(tmp_path, whole, synth_dir, tiny_model_dir, steps)), extra_env=ENV
-    )
     killed = tmp_path / "killed"
-    config = grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, steps)
-    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
-    assert torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    config = grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
+    assert run_until(config, killed, after_step, sig) == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
+    saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert saved == checkpoint_step if checkpoint_step is not None else after_step <= saved < GRPO_STEPS
     run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
 
-    got, expected = steps_of(killed), steps_of(whole)
-    assert sorted(got) == sorted(expected) == list(range(1, steps + 1))
+    got, expected = steps_of(killed), steps_of(uninterrupted_grpo)
+    assert sorted(got) == sorted(expected) == list(range(1, GRPO_STEPS + 1))
+    assert {tuple(s) for s in expected[5]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 5 opens epoch 2
     for step in expected:
         assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
         for field in ("rollout_logprob_sum", "loss", "reward"):
             assert got[step][field] == pytest.approx(expected[step][field], rel=1e-4, abs=1e-5), (step, field)
-    ours, theirs = weights_of(killed), weights_of(whole)
+    ours, theirs = weights_of(killed), weights_of(uninterrupted_grpo)
     for name in theirs:
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-5, msg=name)
 
