@@ -18,7 +18,7 @@ from datamodules.shards import resolve_shards
 from models.loading import model_directory
 from parallel.mesh import check_attention_heads, mesh_shape
 from rewards.combine import RewardSpec
-from rewards.registry import available_rewards, get_reward
+from rewards.registry import SAMPLE_FIELDS, available_rewards, get_reward
 
 ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
 SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
@@ -137,8 +137,7 @@ def _check_rewards(specs: list[Any], problems: list[str]) -> None:
             if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty
         ]
         # Keyword-only arguments without default that are not sample fields must come from kwargs.
-        sample_fields = {"answer", "problem_type", "options", "problem", "key", "category"}
-        missing = [n for n in required if n not in sample_fields and n not in spec.kwargs]
+        missing = [n for n in required if n not in SAMPLE_FIELDS and n not in spec.kwargs]
         if unknown or missing:
             what = [f"unknown kwargs {unknown}"] if unknown else []
             what += [f"missing kwargs {missing}"] if missing else []

@@ -32,6 +32,7 @@ from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
 from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs
 from rewards.parsing import follows_format, response_choice
+from rewards.registry import SAMPLE_FIELDS
 from rollout.base import (
     Completion,
     RolloutRequest,
@@ -248,14 +249,7 @@ class RolloutCallback(Callback):
         meta = [m for m in batch["meta"] for _ in range(g)]
         completions = [c for r in results for c in r.completions]
         texts = [c.text for c in completions]
-        fields = {
-            "key": [m["key"] for m in meta],
-            "problem": [m["problem"] for m in meta],
-            "answer": [m["answer"] for m in meta],
-            "options": [m["options"] for m in meta],
-            "problem_type": [m["problem_type"] for m in meta],
-            "category": [m["category"] for m in meta],
-        }
+        fields = {name: [m[name] for m in meta] for name in SAMPLE_FIELDS}
         breakdown = compute_rewards(self.reward_specs, texts, fields)
         rewards = torch.tensor(breakdown.total, dtype=torch.float32)
         advantages = ADVANTAGE_ESTIMATORS[self.advantage](rewards, g)

@@ -43,7 +43,7 @@ from datamodules.released import (
     normalise_released_row,
 )
 from datamodules.rows import QARow
-from datamodules.shards import MANIFEST_NAME, ShardWriter, shard_brace_pattern, shard_name
+from datamodules.shards import MANIFEST_NAME, ShardWriter, split_entry
 from datamodules.stream import VIDEO_EXTENSIONS
 from datamodules.video import VideoDecodeError, VideoInfo, probe_video
 
@@ -132,8 +132,9 @@ def _sample_key(problem_id: str, used: dict[str, str]) -> str:
     return key
 
 
-def read_rows(settings: BuildSettings) -> Iterator[Candidate | Reject]:
-    """Every non-blank JSONL line as a :class:`Candidate` or a :class:`Reject`, in file order."""
+def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate | Reject]:
+    """Every non-blank JSONL line from ``from_line`` on as a :class:`Candidate` or a :class:`Reject`,
+    in file order (earlier lines are read only for their ids: a later repeat is still a duplicate)."""
     seen_ids: dict[str, int] = {}
     keys: dict[str, str] = {}
     with settings.jsonl.open(encoding="utf-8") as lines:
@@ -159,6 +160,8 @@ def read_rows(settings: BuildSettings) -> Iterator[Candidate | Reject]:
                 yield Reject(line_number, DUPLICATE_ID, f"problem_id also on line {first}", problem_id, video)
                 continue
             seen_ids[row.problem_id] = line_number
+            if line_number < from_line:  # already in a shard or the rejects file
+                continue
             path = settings.videos_root / row.video
             if not path.is_file():
                 yield Reject(line_number, MISSING_VIDEO, f"no file {path}", problem_id, video)
@@ -321,7 +324,7 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
         # Called while the sample of `current_line` is being added, before it is written.
         state.save(current_line, pending, path)
 
-    items = (item for item in read_rows(settings) if item.line >= state.next_line)
+    items = (item for item in read_rows(settings, state.next_line) if item.line >= state.next_line)
     bar = tqdm(
         total=_count_rows(settings.jsonl),
         initial=_count_rows(settings.jsonl, before_line=state.next_line),
@@ -429,10 +432,7 @@ def _update_manifest(
     path = settings.out / MANIFEST_NAME
     manifest = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     manifest["generator"] = "lvrl data build"
-    entry: dict[str, Any] = {"num_samples": report.written, "shards": shard_entries}
-    names = [s["name"] for s in shard_entries]
-    if names and names == [shard_name(settings.split, i) for i in range(len(names))]:
-        entry["pattern"] = shard_brace_pattern(settings.split, len(names))
+    entry = split_entry(settings.split, shard_entries)
     entry["build"] = {
         "jsonl": str(settings.jsonl),
         "videos_root": str(settings.videos_root),

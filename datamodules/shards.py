@@ -244,6 +244,15 @@ def resolve_shards(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     return shards
 
 
+def split_entry(split: str, shards: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The manifest entry of a split from its shards' ``{"name", "num_samples", ...}`` records:
+    the total, the records, and the brace pattern when the names are ``split-00000..`` in order."""
+    entry: dict[str, Any] = {"num_samples": sum(s["num_samples"] for s in shards), "shards": list(shards)}
+    if shards and [s["name"] for s in shards] == [shard_name(split, i) for i in range(len(shards))]:
+        entry["pattern"] = shard_brace_pattern(split, len(shards))
+    return entry
+
+
 def write_manifest(
     out_dir: str | Path, splits: Mapping[str, Sequence[str]], config: Mapping[str, Any], **info: Any
 ) -> Path:
@@ -259,10 +268,7 @@ def write_manifest(
     manifest: dict[str, Any] = {**info, "config": dict(config), "splits": {}}
     for split, paths in splits.items():
         shards = [{"name": Path(p).name, "num_samples": count_samples(p)} for p in paths]
-        entry: dict[str, Any] = {"num_samples": sum(s["num_samples"] for s in shards), "shards": shards}
-        if shards and [s["name"] for s in shards] == [shard_name(split, i) for i in range(len(shards))]:
-            entry["pattern"] = shard_brace_pattern(split, len(shards))
-        manifest["splits"][split] = entry
+        manifest["splits"][split] = split_entry(split, shards)
     path = out / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return path

@@ -9,6 +9,7 @@ so 64 frames of an hour-long video cost 64 short decodes, not 90,000 frames.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from collections.abc import Iterator, Sequence
@@ -164,8 +165,16 @@ _ESTIMATE_SLACK_FRAMES = 2.0
 _SEEK_MIN_GAP_FRAMES = 48
 
 
-def _open(source: bytes | str | Path) -> av.container.InputContainer:
-    return av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+@contextlib.contextmanager
+def _opened(source: bytes | str | Path) -> Iterator[av.container.InputContainer]:
+    """The open container; any decoder failure inside the block becomes a :class:`VideoDecodeError`."""
+    try:
+        with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
+            yield container
+    except VideoDecodeError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, RuntimeError, AttributeError) as err:
+        raise VideoDecodeError(f"cannot decode video: {err}") from err
 
 
 def _video_info(container: av.container.InputContainer) -> tuple[av.video.stream.VideoStream, VideoInfo]:
@@ -246,15 +255,10 @@ def probe_video(source: bytes | str | Path) -> VideoInfo:
     Raises :class:`VideoDecodeError` for an unreadable, empty or truncated video. Costs two
     short decodes (the last frame is reached by seeking), whatever the video's length.
     """
-    try:
-        with _open(source) as container:
-            stream, info = _video_info(container)
-            for _ in _frames_at(container, stream, info, [0, info.num_frames - 1]):
-                pass
-    except VideoDecodeError:
-        raise
-    except (av.error.FFmpegError, OSError, ValueError, RuntimeError, AttributeError) as err:
-        raise VideoDecodeError(f"cannot decode video: {err}") from err
+    with _opened(source) as container:
+        stream, info = _video_info(container)
+        for _ in _frames_at(container, stream, info, [0, info.num_frames - 1]):
+            pass
     return info
 
 
@@ -280,18 +284,13 @@ def decode_video(
     ``num_frames``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
     video (one that ends before a frame its header announces), never returns a partial result.
     """
-    try:
-        with _open(source) as container:
-            stream, info = _video_info(container)
-            count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
-            indices = uniform_frame_indices(info.num_frames, count)
-            height, width = fit_to_pixel_budget(info.height, info.width, max_pixels)
-            decoded = {
-                index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
-                for index, frame in _frames_at(container, stream, info, indices)
-            }
-    except VideoDecodeError:
-        raise
-    except (av.error.FFmpegError, OSError, ValueError, RuntimeError, AttributeError) as err:
-        raise VideoDecodeError(f"cannot decode video: {err}") from err
+    with _opened(source) as container:
+        stream, info = _video_info(container)
+        count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
+        indices = uniform_frame_indices(info.num_frames, count)
+        height, width = fit_to_pixel_budget(info.height, info.width, max_pixels)
+        decoded = {
+            index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
+            for index, frame in _frames_at(container, stream, info, indices)
+        }
     return SampledVideo(np.stack([decoded[i] for i in indices]), info.fps, info.num_frames, tuple(indices))

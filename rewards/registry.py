@@ -19,6 +19,9 @@ from typing import Any, TypeVar
 RewardFunction = Callable[..., list[float]]
 """``fn(completions: Sequence[str], **sample_fields) -> list[float]``, one score per completion."""
 
+SAMPLE_FIELDS = ("key", "problem", "answer", "options", "problem_type", "category")
+"""The per-completion fields the RL rollout hands every reward function (as keyword lists)."""
+
 _F = TypeVar("_F", bound=RewardFunction)
 _REGISTRY: dict[str, RewardFunction] = {}
 

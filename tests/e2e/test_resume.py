@@ -86,17 +86,21 @@ def weights_of(run_dir: Path) -> dict[str, torch.Tensor]:
     ]
 
 
-def run_until(config: Path, run_dir: Path, step: int, sig: int, timeout: float = 300) -> int:
-    """Start `lvrl fit`, send ``sig`` once step ``step`` has finished; return the exit code."""
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **ENV}
-    process = subprocess.Popen(
+def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
+    """`lvrl fit --config CONFIG` in the background (offline wandb, the test probes importable)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(config)],
         cwd=REPO_ROOT,
-        env=env,
+        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **ENV},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
+
+
+def run_until(config: Path, run_dir: Path, step: int, sig: int, timeout: float = 300) -> int:
+    """Start `lvrl fit`, send ``sig`` once step ``step`` has finished; return the exit code."""
+    process = start_fit(config)
     steps = run_dir / "steps.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
@@ -237,14 +241,7 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, 
         {"class_path": "resume_probe.Ballast", "init_args": {"megabytes": 400}}
     )
     config_path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "WANDB_MODE": "offline", **ENV}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "fit", "--config", str(config_path)],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_fit(config_path, stderr=subprocess.DEVNULL)
     folder = run_dir / "checkpoints"
     deadline = time.monotonic() + 300
     partial: list[Path] = []
