@@ -44,6 +44,7 @@ def evaluation_summary(results: list[ValidationResult], model: str, step: int) -
                 "per_category": categories,
                 "sampled_accuracy": scores.get("sampled_accuracy"),
                 "format_rate": scores["format_rate"],
+                "reasoning_agreement": scores.get("reasoning_agreement"),
                 "unparseable": int(scores.get("unparseable", 0)),
                 "constant_letter_baselines": {
                     key.split("/", 1)[1]: value
@@ -86,6 +87,12 @@ def markdown_table(summary: dict[str, Any]) -> str:
         ]
         lines.append("| sampled answers (mean) | | " + " | ".join(cells) + " |")
     lines.append("| format rate | | " + " | ".join(f"{e['format_rate']:.1%}" for e in evaluations) + " |")
+    if any(e.get("reasoning_agreement") is not None for e in evaluations):
+        cells = [
+            f"{e['reasoning_agreement']:.1%}" if e.get("reasoning_agreement") is not None else "-"
+            for e in evaluations
+        ]
+        lines.append("| reasoning names the chosen option | | " + " | ".join(cells) + " |")
     lines.append("| unparseable answers | | " + " | ".join(str(e["unparseable"]) for e in evaluations) + " |")
     for letter in evaluations[0]["constant_letter_baselines"]:
         cells = [f"{e['constant_letter_baselines'].get(letter, 0.0):.1%}" for e in evaluations]

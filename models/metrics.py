@@ -21,6 +21,9 @@ class MultipleChoiceScores(Metric):
     ``unparseable`` counts responses with no single clear choice (they score 0). When sampled
     answers are given too, ``sampled_accuracy`` is the fraction of them that are right (the
     mean of per-question fractions: what RL optimises, measured on held-out questions).
+    When reasoning checks are given (:func:`rewards.parsing.reasoning_agrees`),
+    ``reasoning_agreement`` is the fraction of decided ones whose reasoning names the chosen
+    option, and ``reasoning_decided`` the fraction of questions that could be decided.
     """
 
     full_state_update = False
@@ -38,6 +41,8 @@ class MultipleChoiceScores(Metric):
         self.add_state("unparsed", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
         self.add_state("sampled_right", default=torch.zeros(n, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("sampled_questions", default=torch.zeros(n, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("agreeing", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("decided", default=torch.zeros((), dtype=torch.long), dist_reduce_fx="sum")
         self.add_state(
             "key_letters", default=torch.zeros(num_letters, dtype=torch.long), dist_reduce_fx="sum"
         )
@@ -49,9 +54,15 @@ class MultipleChoiceScores(Metric):
         categories: Sequence[str | None],
         well_formed: Sequence[bool],
         sampled_fraction: Sequence[float] | None = None,
+        reasoning_agreement: Sequence[bool | None] | None = None,
     ) -> None:
-        """Add questions: greedy choice, key, category, format; optionally the right fraction of samples."""
+        """Add questions: greedy choice, key, category, format; optionally the right fraction of
+        samples and whether each reasoning names the chosen option (None: undecided)."""
         fractions = sampled_fraction if sampled_fraction is not None else [None] * len(answers)
+        for agrees in reasoning_agreement or []:
+            if agrees is not None:
+                self.decided += 1
+                self.agreeing += int(agrees)
         for pred, answer, category, formed, fraction in zip(
             predicted, answers, categories, well_formed, fractions, strict=True
         ):
@@ -84,6 +95,9 @@ class MultipleChoiceScores(Metric):
         sampled = int(self.sampled_questions.sum())
         if sampled:
             scores["sampled_accuracy"] = float(self.sampled_right.sum()) / sampled
+        if int(self.decided):
+            scores["reasoning_agreement"] = float(self.agreeing) / int(self.decided)
+            scores["reasoning_decided"] = float(self.decided) / max(total, 1)
         for i, category in enumerate(self.categories):
             if int(self.total[i]):
                 scores[f"accuracy/{category}"] = float(self.correct[i]) / int(self.total[i])
@@ -110,6 +124,8 @@ def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -
     if "sampled_accuracy" in scores:
         lines.append(f"{'sampled (mean)':<{width}}  {'':>5}  {scores['sampled_accuracy']:8.1%}")
     lines.append(f"{'format rate':<{width}}  {'':>5}  {scores['format_rate']:8.1%}")
+    if "reasoning_agreement" in scores:
+        lines.append(f"{'reasoning agrees':<{width}}  {'':>5}  {scores['reasoning_agreement']:8.1%}")
     lines.append(f"{'unparseable':<{width}}  {int(scores.get('unparseable', 0)):>5}")
     lines.append(f"{'constant letter':<{width}}  {'':>5}  {scores['constant_letter_baseline']:8.1%}")
     return "\n".join(lines)

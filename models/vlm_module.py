@@ -29,7 +29,7 @@ from models.metrics import MultipleChoiceScores, format_accuracy_table
 from models.positions import mrope_position_ids
 from models.vision import encode_videos, vision_tower
 from parallel.shard import SequenceShard
-from rewards.parsing import follows_format, response_choice
+from rewards.parsing import follows_format, reasoning_agrees, response_choice
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
 from rollout.hf_engine import TransformersEngine
 
@@ -288,6 +288,7 @@ class VLMModule(L.LightningModule):
                 "predicted": p,
                 "correct": p == m["answer"],
                 "format": follows_format(c),
+                "reasoning_agrees": reasoning_agrees(c, p, m["options"]),
                 "num_frames": m["num_frames"],
                 "completion": c,
             }
@@ -302,6 +303,7 @@ class VLMModule(L.LightningModule):
             [m["category"] for m in meta],
             [r["format"] for r in records],
             sampled_fraction,
+            [r["reasoning_agrees"] for r in records],
         )
         self._val_records.setdefault(dataloader_idx, []).extend(records)
         if "labels" in batch and dataloader_idx == self._primary_val_loader():

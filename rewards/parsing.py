@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from datamodules.rows import OPTION_LETTERS
 
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
 _BARE_LETTER = re.compile(r"^[\(\[]?([A-J])[\)\]]?[.:)]?$")
 _LETTER_THEN_TEXT = re.compile(r"^[\(\[]?([A-J])(?:[\)\]][.:]?|[.:])\s+\S")
@@ -91,3 +92,46 @@ def response_choice(response: str, num_options: int = 4, options: Sequence[str] 
     """The choice letter of a full response (``None`` if there is no single, clear answer)."""
     answer = extract_answer(response)
     return None if answer is None else parse_choice(answer, num_options, options)
+
+
+def stated_options(reasoning: str, options: Sequence[str]) -> list[int]:
+    """Indices of the options whose text the reasoning states (whole words, any case).
+
+    >>> stated_options("The background changes 2 times, at 00:09 and 00:20.", ["0", "1", "2", "3"])
+    [2]
+    >>> stated_options("It opens on a Blue background.", ["red", "green", "blue", "yellow"])
+    [2]
+    """
+    folded = reasoning.casefold()
+    return [
+        i
+        for i, option in enumerate(options)
+        if option.strip()
+        and re.search(rf"(?<!\w){re.escape(option.strip().casefold())}(?!\w)", folded) is not None
+    ]
+
+
+def reasoning_agrees(response: str, choice: str | None, options: Sequence[str]) -> bool | None:
+    """Whether the ``<think>`` part names the option the answer picks.
+
+    True when the one option the reasoning states is the chosen one, False when it states one
+    other option; None when there is no single reasoning block or choice, or the reasoning
+    states no option or several (free-form options rarely appear verbatim). RL rewards only
+    the answer, so a policy can keep well-formed reasoning that no longer says what it
+    answers; this makes that drift visible.
+
+    >>> options = ["red", "green", "blue", "yellow"]
+    >>> reasoning_agrees("<think>It opens on blue.</think><answer>C</answer>", "C", options)
+    True
+    >>> reasoning_agrees("<think>It opens on yellow.</think><answer>B</answer>", "B", options)
+    False
+    >>> reasoning_agrees("<think>Red, then blue.</think><answer>A</answer>", "A", options) is None
+    True
+    """
+    blocks = _THINK_BLOCK.findall(response)
+    if choice is None or len(blocks) != 1 or choice not in OPTION_LETTERS[: len(options)]:
+        return None
+    stated = stated_options(blocks[0], options)
+    if len(stated) != 1:
+        return None
+    return OPTION_LETTERS[stated[0]] == choice

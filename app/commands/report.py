@@ -158,6 +158,8 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
     if any("val/sampled_accuracy" in scores for scores in columns.values()):
         lines.append(row("sampled answers (mean)", "val/sampled_accuracy"))
     lines.append(row("format rate", "val/format_rate"))
+    if any("val/reasoning_agreement" in scores for scores in columns.values()):
+        lines.append(row("reasoning names the chosen option", "val/reasoning_agreement"))
     lines.append(row("constant-letter baseline", "val/constant_letter_baseline"))
     return "\n".join(lines)
 

@@ -45,3 +45,16 @@ def test_sampled_accuracy_is_the_mean_fraction_per_category():
     assert scores["sampled_accuracy"] == pytest.approx(1.0 / 3)
     assert scores["sampled_accuracy/Plot"] == pytest.approx(0.5) and scores["sampled_accuracy/Spatial"] == 0.0
     assert "sampled_accuracy" not in MultipleChoiceScores().compute()
+
+
+def test_reasoning_agreement_counts_only_decided_questions():
+    metric = MultipleChoiceScores()
+    metric.update(
+        ["A", "B", "C"], ["A", "A", "C"], ["Plot"] * 3, [True] * 3, reasoning_agreement=[True, False, None]
+    )
+    metric.update(["D"], ["D"], ["Spatial"], [True], reasoning_agreement=[True])
+    scores = metric.compute()
+    assert scores["reasoning_agreement"] == pytest.approx(2 / 3)
+    assert scores["reasoning_decided"] == pytest.approx(3 / 4)
+    assert "reasoning agrees" in format_accuracy_table(scores)
+    assert "reasoning_agreement" not in MultipleChoiceScores().compute()

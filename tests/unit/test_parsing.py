@@ -2,7 +2,14 @@
 
 import pytest
 
-from rewards.parsing import extract_answer, follows_format, parse_choice, response_choice
+from rewards.parsing import (
+    extract_answer,
+    follows_format,
+    parse_choice,
+    reasoning_agrees,
+    response_choice,
+    stated_options,
+)
 
 
 @pytest.mark.parametrize(
@@ -64,3 +71,28 @@ def test_response_parsing(response, choice, formatted):
 
 def test_extract_answer_strips_whitespace():
     assert extract_answer("<answer>\n B \n</answer>") == "B"
+
+
+COLOURS = ["red", "green", "blue", "yellow"]
+
+
+@pytest.mark.parametrize(
+    ("response", "choice", "agrees"),
+    [
+        ("<think>It opens on a Blue background.</think><answer>C</answer>", "C", True),
+        ("<think>It opens on a yellow background.</think><answer>B</answer>", "B", False),
+        ("<think>Red first, then blue.</think><answer>A</answer>", "A", None),  # two options stated
+        ("<think>At 00:00 the square is small.</think><answer>A</answer>", "A", None),  # none stated
+        ("<think>reddish</think><answer>A</answer>", "A", None),  # whole words only
+        ("<answer>C</answer> blue", "C", None),  # no reasoning block
+        ("<think>blue</think><answer>?</answer>", None, None),  # no choice
+    ],
+)
+def test_reasoning_agreement(response, choice, agrees):
+    assert reasoning_agrees(response, choice, COLOURS) is agrees
+
+
+def test_counts_in_reasoning_are_not_read_out_of_timestamps():
+    options = ["0", "1", "2", "3"]
+    assert stated_options("The background changes 2 times, at 00:09 and 00:20.", options) == [2]
+    assert stated_options("The background stays red from 00:00 to 00:31.", options) == []
