@@ -31,6 +31,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
 from models.failures import SafeStop
+from parallel.collectives import gather_from_all_ranks
 
 PARTIAL_MARKER = ".partial-"
 """Infix of checkpoint files being written (``last.ckpt.partial-<pid>``); never a ``.ckpt``."""
@@ -131,11 +132,7 @@ class RunCheckpoint(ModelCheckpoint):
     def state_dict(self) -> dict[str, Any]:
         # Called on every rank when a checkpoint is written; rank 0 writes the file, so the
         # ranks' states are gathered into it.
-        states: list[Any] = [rng_states()]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            states = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(states, rng_states())
-        return {**super().state_dict(), "rng_states": states}
+        return {**super().state_dict(), "rng_states": gather_from_all_ranks(rng_states())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state = dict(state_dict)

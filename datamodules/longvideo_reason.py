@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 import lightning as L
-import torch
 from transformers import AutoProcessor
 
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
+from parallel.collectives import gather_from_all_ranks
 
 log = logging.getLogger(__name__)
 
@@ -216,14 +216,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             "epoch_finished": self._exhausted_epoch >= self._trained_epoch,
             "skipped_samples": self.skipped.value,
         }
-        gathered: list[Any] = [(rank, mine)]
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, (rank, mine))
         return {
             "data_parallel_size": size,
             "num_workers": self.hparams.num_workers,
-            "ranks": {r: state for r, state in gathered},
+            # Sequence-parallel peers share a data-parallel rank and a position: one entry each.
+            "ranks": dict(gather_from_all_ranks((rank, mine))),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -7,4 +7,5 @@
   ``lvrl_sequence_parallel`` (plain SDPA when no shard is passed).
 - :mod:`parallel.prefill`: log-probs of completion tokens with the sequence split across the
   group, autograd included.
+- :mod:`parallel.collectives`: every rank's state gathered for the rank-0 checkpoint.
 """
