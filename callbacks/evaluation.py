@@ -81,18 +81,17 @@ def markdown_table(summary: dict[str, Any]) -> str:
     lines.append(
         f"| **overall** | {questions} | " + " | ".join(f"**{e['accuracy']:.1%}**" for e in evaluations) + " |"
     )
-    if any(e["sampled_accuracy"] is not None for e in evaluations):
-        cells = [
-            f"{e['sampled_accuracy']:.1%}" if e["sampled_accuracy"] is not None else "-" for e in evaluations
-        ]
-        lines.append("| sampled answers (mean) | | " + " | ".join(cells) + " |")
+
+    def optional_rate_row(label: str, key: str) -> None:
+        # Only when some evaluation measured it; "-" for those that did not.
+        values = [e.get(key) for e in evaluations]
+        if any(v is not None for v in values):
+            cells = [f"{v:.1%}" if v is not None else "-" for v in values]
+            lines.append(f"| {label} | | " + " | ".join(cells) + " |")
+
+    optional_rate_row("sampled answers (mean)", "sampled_accuracy")
     lines.append("| format rate | | " + " | ".join(f"{e['format_rate']:.1%}" for e in evaluations) + " |")
-    if any(e.get("reasoning_agreement") is not None for e in evaluations):
-        cells = [
-            f"{e['reasoning_agreement']:.1%}" if e.get("reasoning_agreement") is not None else "-"
-            for e in evaluations
-        ]
-        lines.append("| reasoning names the chosen option | | " + " | ".join(cells) + " |")
+    optional_rate_row("reasoning names the chosen option", "reasoning_agreement")
     lines.append("| unparseable answers | | " + " | ".join(str(e["unparseable"]) for e in evaluations) + " |")
     for letter in evaluations[0]["constant_letter_baselines"]:
         cells = [f"{e['constant_letter_baselines'].get(letter, 0.0):.1%}" for e in evaluations]

@@ -59,13 +59,13 @@ class MultipleChoiceScores(Metric):
         """Add questions: greedy choice, key, category, format; optionally the right fraction of
         samples and whether each reasoning names the chosen option (None: undecided)."""
         fractions = sampled_fraction if sampled_fraction is not None else [None] * len(answers)
-        for agrees in reasoning_agreement or []:
+        agreements = reasoning_agreement if reasoning_agreement is not None else [None] * len(answers)
+        for pred, answer, category, formed, fraction, agrees in zip(
+            predicted, answers, categories, well_formed, fractions, agreements, strict=True
+        ):
             if agrees is not None:
                 self.decided += 1
                 self.agreeing += int(agrees)
-        for pred, answer, category, formed, fraction in zip(
-            predicted, answers, categories, well_formed, fractions, strict=True
-        ):
             index = (
                 self.categories.index(category) if category in self.categories else len(self.categories) - 1
             )

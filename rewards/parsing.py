@@ -103,12 +103,12 @@ def stated_options(reasoning: str, options: Sequence[str]) -> list[int]:
     [2]
     """
     folded = reasoning.casefold()
-    return [
-        i
-        for i, option in enumerate(options)
-        if option.strip()
-        and re.search(rf"(?<!\w){re.escape(option.strip().casefold())}(?!\w)", folded) is not None
-    ]
+    stated = []
+    for i, option in enumerate(options):
+        text = option.strip().casefold()
+        if text and re.search(rf"(?<!\w){re.escape(text)}(?!\w)", folded):
+            stated.append(i)
+    return stated
 
 
 def reasoning_agrees(response: str, choice: str | None, options: Sequence[str]) -> bool | None:

@@ -71,9 +71,16 @@ def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
         # The constant-letter baselines come from the answer key.
         assert evaluation["constant_letter_baselines"] == pytest.approx({x: key[x] / 12 for x in "ABCD"})
         assert evaluation["best_constant_letter"] == pytest.approx(max(key.values()) / 12)
+        # Reasoning agreement: over the questions whose reasoning states exactly one option.
+        decided = [r["reasoning_agrees"] for r in records if r["reasoning_agrees"] is not None]
+        expected = sum(decided) / len(decided) if decided else None
+        assert evaluation["reasoning_agreement"] == (pytest.approx(expected) if decided else None)
 
     table = (run_dir / "eval" / "eval.md").read_text()
     assert "| | n | 4 frames | 8 frames |" in table and "| always B |" in table
+    assert "| sampled answers (mean) | |" in table
+    measured_reasoning = any(e["reasoning_agreement"] is not None for e in report["evaluations"])
+    assert ("| reasoning names the chosen option | |" in table) == measured_reasoning
     assert (run_dir / "eval" / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The report reached the (offline) wandb run: the chart and the table.
     media = next((run_dir / "wandb").glob("offline-run-*/files/media"))
