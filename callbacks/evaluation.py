@@ -2,8 +2,11 @@
 
 Written by :class:`EvaluationReport` after every validation (``lvrl validate`` runs one) from
 the module's :attr:`~models.vlm_module.VLMModule.val_results`: per frame count (a sweep has
-several), accuracy overall and per category, the format rate, the number of unparseable
-answers and the constant-letter baselines, which must sit beside any score on a skewed key.
+several), multiple-choice accuracy overall and per category, the format rate, the number of
+unparseable answers and the constant-letter baselines, which must sit beside any score on a
+skewed key (all over the multiple-choice questions); then, when the evaluation had them, the
+numeric questions' accuracy, the open-ended questions a judge scored, and how many questions
+were not scored.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ def evaluation_summary(results: list[ValidationResult], model: str, step: int) -
         evaluations.append(
             {
                 "frames": result.frames,
+                # Multiple-choice questions (what "accuracy" and the baselines are over).
                 "questions": int(scores["count"]),
+                "all_questions": int(scores.get("questions", scores["count"])),
                 "accuracy": scores["accuracy"],
                 "per_category": categories,
                 "sampled_accuracy": scores.get("sampled_accuracy"),
@@ -52,9 +57,19 @@ def evaluation_summary(results: list[ValidationResult], model: str, step: int) -
                     if key.startswith("baseline/")
                 },
                 "best_constant_letter": scores["constant_letter_baseline"],
+                "numeric": _typed(scores, "numeric_accuracy", "numeric_count"),
+                "open_ended_judged": _typed(scores, "open_ended_accuracy", "open_ended_judged"),
+                "not_scored": int(scores.get("not_scored", 0)),
             }
         )
     return {"model": model, "step": step, "evaluations": evaluations}
+
+
+def _typed(scores: dict[str, float], accuracy: str, count: str) -> dict[str, Any] | None:
+    """``{"accuracy", "count"}`` of one other problem type, None when the evaluation had none."""
+    if accuracy not in scores:
+        return None
+    return {"accuracy": scores[accuracy], "count": int(scores[count])}
 
 
 def _column_name(evaluation: dict[str, Any]) -> str:
@@ -62,7 +77,8 @@ def _column_name(evaluation: dict[str, Any]) -> str:
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """Categories (with question counts) by frame count, then overall, format, unparseable, baselines."""
+    """Categories (with question counts) by frame count, then overall, the other problem types,
+    format, unparseable, baselines (categories, overall and baselines over multiple choice)."""
     evaluations = summary["evaluations"]
     categories: list[str] = []
     for evaluation in evaluations:
@@ -78,9 +94,19 @@ def markdown_table(summary: dict[str, Any]) -> str:
         ]
         lines.append(f"| {category} | {'/'.join(map(str, sorted(counts)))} | " + " | ".join(cells) + " |")
     questions = "/".join(str(n) for n in sorted({e["questions"] for e in evaluations}))
-    lines.append(
-        f"| **overall** | {questions} | " + " | ".join(f"**{e['accuracy']:.1%}**" for e in evaluations) + " |"
-    )
+    mixed = any(e.get("all_questions", e["questions"]) > e["questions"] for e in evaluations)
+    overall = "multiple choice" if mixed else "overall"
+    cells = [f"**{e['accuracy']:.1%}**" for e in evaluations]
+    lines.append(f"| **{overall}** | {questions} | " + " | ".join(cells) + " |")
+    for label, key in (("numeric", "numeric"), ("open-ended (judged)", "open_ended_judged")):
+        typed = [e.get(key) for e in evaluations]
+        if any(t is not None for t in typed):
+            counts = "/".join(str(n) for n in sorted({t["count"] for t in typed if t is not None}))
+            cells = [f"{t['accuracy']:.1%}" if t is not None else "-" for t in typed]
+            lines.append(f"| {label} | {counts} | " + " | ".join(cells) + " |")
+    if any(e.get("not_scored") for e in evaluations):
+        cells = [f"{e.get('not_scored', 0)} not scored" for e in evaluations]
+        lines.append("| not scored | | " + " | ".join(cells) + " |")
 
     def optional_rate_row(label: str, key: str) -> None:
         # Only when some evaluation measured it; "-" for those that did not.

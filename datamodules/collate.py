@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from datamodules.prompts import assistant_target, chat_messages
+from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
 
 IGNORE_INDEX = -100
@@ -48,6 +49,35 @@ def _pad(sequences: Sequence[torch.Tensor], value: int, side: str) -> torch.Tens
     return out
 
 
+END_OF_TURN = "<|im_end|>"
+
+
+class TextTokenCounter:
+    """``row -> (prompt tokens, target tokens)``: the text the collator will tokenise, counted.
+
+    The prompt is the chat-templated user turn with its video placeholder unexpanded (one
+    token: the frames' tokens are bounded by the frame count and pixel budget instead); the
+    target is the CoT-SFT text (reasoning, answer, end of turn). The stream calls this before
+    decoding a sample's video (:class:`datamodules.stream.VideoQAStream`), so a sample over the
+    limits is skipped for the price of one tokenisation (about 0.5 s for a 200,000-character
+    question).
+    """
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+
+    def __call__(self, row: QARow) -> tuple[int, int]:
+        tokenizer = self.processor.tokenizer
+        prompt = self.processor.apply_chat_template(
+            chat_messages(row), tokenize=False, add_generation_prompt=True
+        )
+        target = assistant_target(row) + END_OF_TURN
+        return (
+            len(tokenizer(prompt, add_special_tokens=False)["input_ids"]),
+            len(tokenizer(target, add_special_tokens=False)["input_ids"]),
+        )
+
+
 class VideoQACollator:
     """Collates :class:`VideoQASample` lists into a batch dict.
 
@@ -70,7 +100,7 @@ class VideoQACollator:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has no pad token")
-        self.end_of_turn = "<|im_end|>"
+        self.end_of_turn = END_OF_TURN
         self.video_token_id = self.tokenizer.convert_tokens_to_ids("<|video_pad|>")
 
     def encode_prompt(self, sample: VideoQASample) -> dict[str, Any]:

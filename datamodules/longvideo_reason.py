@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from transformers import AutoProcessor
 
-from datamodules.collate import VideoQACollator
+from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
 from parallel.collectives import gather_from_all_ranks
@@ -68,6 +68,20 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         worker_start_method: how dataloader workers start: ``spawn`` (safe) or ``fork`` (starts
             faster, but a worker forked after an in-process vLLM engine has bound its OpenMP
             threads deadlocks, so keep ``spawn`` for RL).
+        max_prompt_tokens: skip a sample whose prompt, after the chat template, has more text
+            tokens than this (the video placeholder counts as one; the video's own tokens are
+            bounded by ``num_frames`` x ``max_pixels_per_frame``), counted as
+            ``data/skipped/prompt_too_long``; checked before the video is decoded, so an
+            extremely long question costs one tokenisation, not a stalled batch. null: no limit.
+        max_target_tokens: skip a sample whose CoT-SFT target (reasoning and answer) has more
+            tokens than this (``data/skipped/target_too_long``; validation computes a loss on
+            it too). null: no limit.
+
+    Frames per video are bounded by ``num_frames`` (every ``val_num_frames`` count and the
+    ``sample_fps`` rate are capped by their own count): a longer video is sampled more
+    sparsely, never decoded whole. Every skipped sample is logged with its shard, key and
+    reason and counted per reason (``data/skipped/<reason>``, the reasons listed in
+    :data:`datamodules.stream.SKIP_REASONS`).
     """
 
     def __init__(
@@ -87,12 +101,18 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         seed: int = 0,
         sequence_parallel_size: int = 1,
         worker_start_method: str = "spawn",
+        max_prompt_tokens: int | None = 4096,
+        max_target_tokens: int | None = 4096,
     ) -> None:
         super().__init__()
         if sample_fps is not None and sample_fps <= 0:
             raise ValueError(f"data.sample_fps={sample_fps} must be positive (or null for num_frames always)")
         if val_num_frames is not None and (not val_num_frames or min(val_num_frames) < 2):
             raise ValueError(f"data.val_num_frames={val_num_frames} must list frame counts of at least 2")
+        limits = {"max_prompt_tokens": max_prompt_tokens, "max_target_tokens": max_target_tokens}
+        for name, limit in limits.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"data.{name}={limit} must be at least 1 (or null for no limit)")
         if worker_start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"worker_start_method must be spawn, fork or forkserver: {worker_start_method}")
         self.save_hyperparameters()
@@ -109,8 +129,13 @@ class LongVideoReasonDataModule(L.LightningDataModule):
 
     @property
     def skipped_samples(self) -> int:
-        """Samples rejected so far (bad rows, missing members, undecodable videos)."""
+        """Samples rejected so far (bad rows, missing members, undecodable videos, over-long texts)."""
         return self.skipped.value
+
+    @property
+    def skipped_by_reason(self) -> dict[str, int]:
+        """``{reason: samples rejected so far}`` of the reasons that occurred."""
+        return self.skipped.by_reason()
 
     @property
     def processor(self) -> Any:
@@ -143,7 +168,14 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             shuffle_buffer=self.hparams.shuffle_buffer if train else 0,
             seed=self.hparams.seed,
             skipped=self.skipped,
+            text_lengths=self._text_lengths(),
+            max_prompt_tokens=self.hparams.max_prompt_tokens,
+            max_target_tokens=self.hparams.max_target_tokens,
         )
+
+    def _text_lengths(self) -> TextTokenCounter | None:
+        limited = self.hparams.max_prompt_tokens is not None or self.hparams.max_target_tokens is not None
+        return TextTokenCounter(self.processor) if limited else None
 
     def setup(self, stage: str) -> None:
         # Resolve shard lists now so a missing path or an empty glob fails before any training.
@@ -215,6 +247,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             # Read to its end: at a checkpoint this means the last batch trained was its last.
             "epoch_finished": self._exhausted_epoch >= self._trained_epoch,
             "skipped_samples": self.skipped.value,
+            "skipped_by_reason": self.skipped.by_reason(),
         }
         return {
             "data_parallel_size": size,
@@ -243,7 +276,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             )
             return
         mine = state["ranks"][rank]
-        self.skipped.add(mine["skipped_samples"] - self.skipped.value)
+        # Checkpoints written before per-reason counts hold only the total.
+        self.skipped.restore(mine.get("skipped_by_reason") or {"unrecorded": mine["skipped_samples"]})
         if mine["epoch_finished"]:
             self._next_train_epoch = mine["epoch"] + 1
             log.info("resuming the data stream at the start of epoch %d", self._next_train_epoch)

@@ -2,9 +2,10 @@
 
 Shards are split first by **data-parallel** rank (sequence-parallel peers, which work on the
 same sample, get the same shards), then by dataloader worker. Every sample that cannot be
-used (a malformed JSON row, a missing member, a corrupt or truncated video) is skipped with
-a warning naming its shard and key, and counted in a :class:`SkipCounter` shared with the
-main process, so that the trainer can log how much data was lost.
+used (a malformed JSON row, a missing member, a corrupt or truncated video, a text over the
+token limits) is skipped with a warning naming its shard, key and reason, and counted per
+reason (:data:`SKIP_REASONS`) in a :class:`SkipCounter` shared with the main process, so
+that the trainer can log how much data was lost and why.
 
 Every sample carries its place in the stream: ``(epoch, worker, position)``, the position
 counting the raw samples that worker read in that epoch (after shuffling, rejected ones
@@ -52,24 +53,54 @@ class VideoQASample:
     """Index of the sample among the raw samples its worker read this epoch."""
 
 
-class SkipCounter:
-    """A count of rejected samples that dataloader worker processes add to.
+SKIP_REASONS: tuple[str, ...] = (
+    "no_json",
+    "malformed_json",
+    "malformed_row",
+    "no_video",
+    "bad_video",
+    "unreadable_tar_entry",
+    "prompt_too_long",
+    "target_too_long",
+    "unrecorded",
+)
+"""Why a sample was skipped; each is counted (``data/skipped/<reason>`` in the logs). ``unrecorded``:
+skips restored from a checkpoint written before the reasons were counted."""
 
-    Backed by shared memory, so workers and the main process see one number. Created in the
-    spawn context: such a lock can be handed to spawned workers and inherited by forked ones
-    (a fork-context lock cannot go to spawned workers).
+
+class SkipCounter:
+    """Counts of rejected samples, per reason (:data:`SKIP_REASONS`), that dataloader workers add to.
+
+    Backed by shared memory, so workers and the main process see the same numbers. Created in
+    the spawn context: such a lock can be handed to spawned workers and inherited by forked
+    ones (a fork-context lock cannot go to spawned workers).
     """
 
     def __init__(self) -> None:
-        self._value = multiprocessing.get_context("spawn").Value("q", 0)
+        self._counts = multiprocessing.get_context("spawn").Array("q", len(SKIP_REASONS))
 
-    def add(self, count: int = 1) -> None:
-        with self._value.get_lock():
-            self._value.value += count
+    def add(self, count: int = 1, reason: str = "bad_video") -> None:
+        index = SKIP_REASONS.index(reason)  # an unknown reason is a bug: ValueError
+        with self._counts.get_lock():
+            self._counts[index] += count
 
     @property
     def value(self) -> int:
-        return int(self._value.value)
+        """Samples skipped for any reason."""
+        with self._counts.get_lock():
+            return int(sum(self._counts[:]))
+
+    def by_reason(self) -> dict[str, int]:
+        """``{reason: count}`` of the reasons that occurred."""
+        with self._counts.get_lock():
+            counts = list(self._counts[:])
+        return {reason: int(n) for reason, n in zip(SKIP_REASONS, counts, strict=True) if n}
+
+    def restore(self, by_reason: dict[str, int]) -> None:
+        """Set the counts to a saved :meth:`by_reason` (a resumed run continues its counts)."""
+        with self._counts.get_lock():
+            for index, reason in enumerate(SKIP_REASONS):
+                self._counts[index] = int(by_reason.get(reason, 0))
 
 
 def shards_for_rank(
@@ -99,6 +130,15 @@ class VideoQAStream(IterableDataset):
         shuffle_buffer: samples held for shuffling (0: shard order only).
         seed: base seed; the shuffle of epoch ``e`` uses ``(seed, e)``, so runs are repeatable.
         skipped: counter shared with the main process for rejected samples.
+        text_lengths: ``row -> (prompt tokens, target tokens)`` of the templated text
+            (:class:`datamodules.collate.TextTokenCounter`); None: text lengths unchecked.
+        max_prompt_tokens: skip (``prompt_too_long``) a sample whose templated prompt has more
+            text tokens than this (the video's placeholder counts as one); None: no limit.
+        max_target_tokens: skip (``target_too_long``) a sample whose SFT target (reasoning and
+            answer) has more tokens than this; None: no limit.
+
+    Text limits are checked before the video is decoded, so a sample they reject costs one
+    tokenisation. The video's own tokens are bounded by ``num_frames`` and ``max_pixels``.
     """
 
     def __init__(
@@ -114,6 +154,9 @@ class VideoQAStream(IterableDataset):
         shuffle_buffer: int = 0,
         seed: int = 0,
         skipped: SkipCounter | None = None,
+        text_lengths: Callable[[QARow], tuple[int, int]] | None = None,
+        max_prompt_tokens: int | None = None,
+        max_target_tokens: int | None = None,
     ) -> None:
         super().__init__()
         self.shards = list(shards)
@@ -126,6 +169,9 @@ class VideoQAStream(IterableDataset):
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.skipped = skipped if skipped is not None else SkipCounter()
+        self.text_lengths = text_lengths
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_target_tokens = max_target_tokens
         self.epoch = 0
         self._resume: tuple[int, dict[int, int]] | None = None
 
@@ -146,36 +192,55 @@ class VideoQAStream(IterableDataset):
             shards, self.data_parallel_rank, self.data_parallel_size, worker_id, num_workers
         )
 
-    def _reject(self, shard: str, key: str, reason: str) -> None:
-        self.skipped.add()
-        log.warning("skipping sample %r in shard %s: %s", key, shard, reason)
+    def _reject(self, shard: str, key: str, reason: str, detail: str) -> None:
+        self.skipped.add(reason=reason)
+        log.warning("skipping sample %r in shard %s: %s (%s)", key, shard, reason, detail)
 
     def _on_tar_error(self, error: Exception) -> bool:
         # A damaged tar member: count it, say where, and keep reading the shard.
-        self._reject(str(error.args[-1]) if error.args else "?", "?", f"unreadable tar entry ({error})")
+        shard = str(error.args[-1]) if error.args else "?"
+        self._reject(shard, "?", "unreadable_tar_entry", f"unreadable tar entry: {error}")
         return True
+
+    def _too_long(self, row: QARow) -> tuple[str, str] | None:
+        """``(reason, detail)`` when the row's text exceeds a token limit; checked before decoding."""
+        if self.text_lengths is None:
+            return None
+        prompt, target = self.text_lengths(row)
+        if self.max_prompt_tokens is not None and prompt > self.max_prompt_tokens:
+            limit = f"data.max_prompt_tokens={self.max_prompt_tokens}"
+            return "prompt_too_long", f"prompt of {prompt} text tokens after templating > {limit}"
+        if self.max_target_tokens is not None and target > self.max_target_tokens:
+            limit = f"data.max_target_tokens={self.max_target_tokens}"
+            return "target_too_long", f"reasoning + answer of {target} tokens > {limit}"
+        return None
 
     def _decode(self, raw: dict[str, Any]) -> VideoQASample | None:
         key, shard = raw.get("__key__", "?"), raw.get("__url__", "?")
         if "json" not in raw:
-            self._reject(shard, key, "no .json member")
+            self._reject(shard, key, "no_json", "no .json member")
             return None
         try:
             row = parse_row(json.loads(raw["json"]))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            self._reject(shard, key, f"malformed JSON ({err})")
+            self._reject(shard, key, "malformed_json", f"malformed JSON: {err}")
             return None
         except MalformedRow as err:
-            self._reject(shard, key, f"malformed row ({err})")
+            self._reject(shard, key, "malformed_row", f"malformed row: {err}")
+            return None
+        too_long = self._too_long(row)
+        if too_long is not None:
+            self._reject(shard, key, *too_long)
             return None
         video_ext = next((ext for ext in VIDEO_EXTENSIONS if ext in raw), None)
         if video_ext is None:
-            self._reject(shard, key, f"no video member (looked for {', '.join(VIDEO_EXTENSIONS)})")
+            looked = ", ".join(VIDEO_EXTENSIONS)
+            self._reject(shard, key, "no_video", f"no video member (looked for {looked})")
             return None
         try:
             video = decode_video(raw[video_ext], self.num_frames, self.max_pixels, sample_fps=self.sample_fps)
         except VideoDecodeError as err:
-            self._reject(shard, key, f"bad video ({err})")
+            self._reject(shard, key, "bad_video", f"bad video: {err}")
             return None
         return VideoQASample(key=key, shard=shard, row=row, video=video)
 

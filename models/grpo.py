@@ -99,6 +99,7 @@ class GRPOModule(VLMModule):
         micro_batch_rows: int | None = None,
         max_grad_norm: float | None = 1.0,
         share_prompt_prefix: bool = True,
+        val_judge: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             model_path,
@@ -115,6 +116,7 @@ class GRPOModule(VLMModule):
             max_consecutive_nonfinite=max_consecutive_nonfinite,
             dtype=dtype,
             attn_implementation=attn_implementation,
+            val_judge=val_judge,
         )
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")

@@ -1,10 +1,13 @@
 """What every lvrl training stage shares: the wrapped HF VLM, its optimizer, evaluation, export.
 
 Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for all stages:
-greedy generation on the validation split, the answer letter parsed tolerantly, accuracy per
-category logged through :class:`~models.metrics.MultipleChoiceScores`, and every question's
-result written to ``{default_root_dir}/predictions/val-step{N}.jsonl`` (so two evaluations can
-be compared question by question: ``lvrl report compare``). A frame-count sweep (the
+greedy generation on the validation split, each answer scored by its problem type
+(:mod:`models.answer_scoring`: a multiple-choice letter parsed tolerantly, a number, or an
+open-ended answer asked of the judge when ``val_judge`` is set), multiple-choice accuracy per
+category logged through :class:`~models.metrics.MultipleChoiceScores` with the other types
+beside it, and every question's result (with its ``problem_id`` and the scoring used)
+written to ``{default_root_dir}/predictions/val-step{N}.jsonl`` (so two evaluations can be
+compared question by question: ``lvrl report compare``). A frame-count sweep (the
 datamodule's ``val_num_frames``) gives one validation dataloader per count: each is scored
 on its own and logged as ``val/frames_{N}/...``; the one at the training frame count also
 under the plain ``val/...`` names.
@@ -23,12 +26,14 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from models.answer_scoring import score_answers
 from models.failures import NonFiniteUpdates
 from models.loading import load_model, load_processor
-from models.metrics import MultipleChoiceScores, format_accuracy_table
+from models.metrics import CHOICE, MultipleChoiceScores, format_accuracy_table
 from models.positions import mrope_position_ids
 from models.vision import encode_videos, vision_tower
 from parallel.shard import SequenceShard
+from rewards.judge import JudgeClient, JudgeSettings
 from rewards.parsing import follows_format, reasoning_agrees, response_choice
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
 from rollout.hf_engine import TransformersEngine
@@ -45,7 +50,8 @@ class ValidationResult:
     scores: dict[str, float]
     """:class:`~models.metrics.MultipleChoiceScores` output (synced over data-parallel ranks)."""
     predictions: list[dict[str, Any]]
-    """Every question this rank saw: key, category, answer, predicted, correct, format, completion."""
+    """Every question this rank saw: key, problem_id, problem_type, scoring, category, answer,
+    predicted, correct (None: not scored), format, completion."""
     primary: bool
     """Whether this dataloader reports under the plain ``val/...`` metric names."""
 
@@ -73,6 +79,12 @@ class VLMModule(L.LightningModule):
         dtype: parameter dtype: float32 or bfloat16.
         attn_implementation: HF attention backend (``sdpa``, ``eager``, ``flash_attention_2``);
             None = the HF default.
+        val_judge: an LLM judge for the open-ended validation questions, as the
+            ``judged_accuracy`` reward takes it (:class:`rewards.judge.JudgeSettings`:
+            ``{base_url: http://localhost:8000/v1, model: NAME, ...}``); their accuracy is
+            ``val/open_ended_accuracy``. None: open-ended questions are counted in
+            ``val/not_scored``. Multiple-choice questions are scored by letter and numerical
+            ones as numbers either way.
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class VLMModule(L.LightningModule):
         max_consecutive_nonfinite: int = 5,
         dtype: str = "float32",
         attn_implementation: str | None = None,
+        val_judge: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if lr_schedule not in ("constant", "cosine"):
@@ -103,6 +116,8 @@ class VLMModule(L.LightningModule):
             raise ValueError(f"max_consecutive_nonfinite={max_consecutive_nonfinite} must be at least 1")
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        # Checked now, so a bad judge URL fails before any model is loaded.
+        self._judge_settings = JudgeSettings(**val_judge) if val_judge else None
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
         self.val_scores = torch.nn.ModuleList([MultipleChoiceScores()])
@@ -247,6 +262,9 @@ class VLMModule(L.LightningModule):
             )
         return [[c.text for c in result.completions] for result in engine.generate(requests, sampling)]
 
+    def _judge_client(self) -> JudgeClient | None:
+        return JudgeClient(self._judge_settings) if self._judge_settings is not None else None
+
     def on_validation_epoch_start(self) -> None:
         self._val_records: dict[int, list[dict[str, Any]]] = {}
 
@@ -262,10 +280,7 @@ class VLMModule(L.LightningModule):
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         completions = [texts[0] for texts in self.generate_answers(batch)]
         meta = batch["meta"]
-        predicted = [
-            response_choice(text, len(m["options"]) or 4, m["options"])
-            for text, m in zip(completions, meta, strict=True)
-        ]
+        scored = score_answers(completions, meta, self._judge_client())
         sampled_fraction = None
         if self.hparams.val_samples:
             sampling = SamplingConfig(
@@ -275,35 +290,47 @@ class VLMModule(L.LightningModule):
                 seed=10_000 * batch_idx,  # the same samples for the same model and batches
             )
             sampled = self.generate_answers(batch, sampling=sampling)
+            # Multiple-choice rows only (sampled answers of other types are not scored).
             sampled_fraction = [
                 sum(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"] for t in texts)
                 / len(texts)
-                for texts, m in zip(sampled, meta, strict=True)
+                if s.scoring == CHOICE
+                else None
+                for texts, m, s in zip(sampled, meta, scored, strict=True)
             ]
         records: list[dict[str, Any]] = [
             {
                 "key": m["key"],
+                "problem_id": m["problem_id"],
+                "problem_type": m["problem_type"],
+                "scoring": s.scoring,
                 "category": m["category"],
                 "answer": m["answer"],
-                "predicted": p,
-                "correct": p == m["answer"],
+                "predicted": s.predicted,
+                "correct": s.correct,
                 "format": follows_format(c),
-                "reasoning_agrees": reasoning_agrees(c, p, m["options"]),
+                "reasoning_agrees": (
+                    reasoning_agrees(c, s.predicted, m["options"]) if s.scoring == CHOICE else None
+                ),
                 "num_frames": m["num_frames"],
                 "completion": c,
+                **({"scoring_note": s.note} if s.note else {}),
             }
-            for m, p, c in zip(meta, predicted, completions, strict=True)
+            for m, s, c in zip(meta, scored, completions, strict=True)
         ]
         if sampled_fraction is not None:
             for record, fraction in zip(records, sampled_fraction, strict=True):
-                record["sampled_correct"] = fraction
+                if fraction is not None:
+                    record["sampled_correct"] = fraction
         self._scores_of(dataloader_idx).update(
-            predicted,
+            [s.predicted if s.scoring == CHOICE else None for s in scored],
             [m["answer"] for m in meta],
             [m["category"] for m in meta],
             [r["format"] for r in records],
             sampled_fraction,
             [r["reasoning_agrees"] for r in records],
+            scoring=[s.scoring for s in scored],
+            correct=[s.correct for s in scored],
         )
         self._val_records.setdefault(dataloader_idx, []).extend(records)
         if "labels" in batch and dataloader_idx == self._primary_val_loader():

@@ -252,6 +252,22 @@ def _problem_kind(problem_type: str | None) -> str:
     return re.sub(r"[\s_-]+", " ", (problem_type or "").strip().casefold())
 
 
+OPEN_ENDED = "open-ended"
+
+
+def answer_kind(problem_type: str | None) -> str:
+    """How an answer to a row of this ``problem_type`` is scored: :data:`MULTIPLE_CHOICE`,
+    :data:`NUMERICAL` (also ``"numeric"``) or :data:`OPEN_ENDED` (every other type).
+
+    >>> [answer_kind(t) for t in ["Multiple-Choice", "numeric", "numerical", "OCR", None]]
+    ['multiple choice', 'numerical', 'numerical', 'open-ended', 'open-ended']
+    """
+    kind = _problem_kind(problem_type)
+    if kind == MULTIPLE_CHOICE:
+        return MULTIPLE_CHOICE
+    return NUMERICAL if kind in (NUMERICAL, "numeric") else OPEN_ENDED
+
+
 @register("accuracy")
 def accuracy_reward(
     completions: Sequence[str],
@@ -288,10 +304,10 @@ def accuracy_reward(
     option_lists = _per_sample("options", options, n)
     scores = []
     for completion, key, kind, sample_options in zip(completions, keys, kinds, option_lists, strict=True):
-        kind = _problem_kind(kind)
+        kind = answer_kind(kind)
         if kind == MULTIPLE_CHOICE:
             scores.append(_choice_score(completion, key, sample_options))
-        elif kind in (NUMERICAL, "numeric"):
+        elif kind == NUMERICAL:
             scores.append(_numeric_score(completion, key, rel_tol, abs_tol))
         else:
             scores.append(_exact_score(completion, key))

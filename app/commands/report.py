@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,8 +138,31 @@ def last_validation(rows: list[dict[str, str]]) -> dict[str, float]:
     raise KeyError("no validation results (val/accuracy) in the logs")
 
 
+OTHER_TYPE_KEYS = ("val/numeric_accuracy", "val/open_ended_accuracy", "val/not_scored")
+
+
+def typed_rows(columns: dict[str, dict[str, float]]) -> list[str]:
+    """Rows of the problem types that are not multiple choice, each cell with its question count."""
+    lines = []
+    for label, accuracy, count in (
+        ("numeric", "val/numeric_accuracy", "val/numeric_count"),
+        ("open-ended (judged)", "val/open_ended_accuracy", "val/open_ended_judged"),
+    ):
+        if any(accuracy in scores for scores in columns.values()):
+            cells = [
+                f"{scores[accuracy]:.1%} (n = {int(scores.get(count, 0))})" if accuracy in scores else "-"
+                for scores in columns.values()
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any("val/not_scored" in scores for scores in columns.values()):
+        cells = [f"{int(scores.get('val/not_scored', 0))} not scored" for scores in columns.values()]
+        lines.append("| not scored | " + " | ".join(cells) + " |")
+    return lines
+
+
 def comparison_table(columns: dict[str, dict[str, float]]) -> str:
-    """Markdown table: one row per category plus overall, format rate and the constant-letter baseline."""
+    """Markdown table: one row per category plus overall (multiple choice), the other problem
+    types with their counts, format rate and the constant-letter baseline."""
     categories = sorted(
         {
             k[len(CATEGORY_PREFIX) :]
@@ -154,7 +178,12 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
         return f"| {label} | " + " | ".join(cells) + " |"
 
     lines += [row(c, f"{CATEGORY_PREFIX}{c}") for c in categories]
-    lines.append(row("**overall**", "val/accuracy"))
+    mixed = any(
+        scores.get("val/questions", 0) > scores.get("val/count", math.inf) for scores in columns.values()
+    )
+    mixed = mixed or any(key in scores for scores in columns.values() for key in OTHER_TYPE_KEYS)
+    lines.append(row("**multiple choice**" if mixed else "**overall**", "val/accuracy"))
+    lines += typed_rows(columns)
     if any("val/sampled_accuracy" in scores for scores in columns.values()):
         lines.append(row("sampled answers (mean)", "val/sampled_accuracy"))
     lines.append(row("format rate", "val/format_rate"))
@@ -164,8 +193,8 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def last_records(run_dir: Path) -> dict[str, dict] | None:
-    """``{question key: record}`` of the run's last validation, None if it wrote none.
+def last_records(run_dir: Path) -> list[dict] | None:
+    """Every record of the run's last validation, None if it wrote none.
 
     Files are ``predictions/val-step{N}[-rank{R}].jsonl``; the highest step wins and its rank
     files are merged (the extra files of a frame-count sweep, ``-frames{F}``, are not read).
@@ -177,18 +206,65 @@ def last_records(run_dir: Path) -> dict[str, dict] | None:
             steps.setdefault(int(match.group(1)), []).append(path)
     if not steps:
         return None
-    records: dict[str, dict] = {}
+    records: list[dict] = []
     for path in sorted(steps[max(steps)]):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            records[record["key"]] = record
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return records
 
 
+@dataclass(frozen=True)
+class QuestionIndex:
+    """A run's records by question id, with what could not be indexed."""
+
+    by_id: dict[str, dict]
+    duplicated: dict[str, int]
+    """Ids held by more than one record (each such record is left out), with their counts."""
+
+
+def index_records(records: list[dict], id_field: str) -> QuestionIndex:
+    """``{record[id_field]: record}``; an id on two records is ambiguous, so neither is kept."""
+    counts = Counter(str(r[id_field]) for r in records)
+    by_id = {str(r[id_field]): r for r in records if counts[str(r[id_field])] == 1}
+    return QuestionIndex(by_id, {k: n for k, n in counts.items() if n > 1})
+
+
+def pairing_field(*runs: list[dict]) -> str:
+    """``problem_id`` when every record has one, else ``key`` (records written before it existed)."""
+    return "problem_id" if all("problem_id" in r for records in runs for r in records) else "key"
+
+
 def last_predictions(run_dir: Path) -> dict[str, bool] | None:
-    """``{question key: greedy answer right}`` from the run's last validation (see :func:`last_records`)."""
+    """``{question id: greedy answer right}`` of the run's last scored multiple-choice answers.
+
+    Questions are identified by ``problem_id`` (``key`` in records written before it was
+    recorded); an id held by two records raises ``ValueError``.
+    """
     records = last_records(run_dir)
-    return None if records is None else {k: bool(r["correct"]) for k, r in records.items()}
+    if records is None:
+        return None
+    index = index_records(records, pairing_field(records))
+    if index.duplicated:
+        raise ValueError(f"{run_dir}: question ids on more than one record: {_shown(index.duplicated)}")
+    return {k: bool(r["correct"]) for k, r in index.by_id.items() if _scoring(r) == "choice"}
+
+
+def _scoring(record: dict) -> str:
+    # Records written before scoring by problem type were all scored as letters.
+    return str(record.get("scoring", "choice"))
+
+
+def _shown(duplicated: dict[str, int], limit: int = 5) -> str:
+    items = [f"{k!r} x{n}" for k, n in sorted(duplicated.items())[:limit]]
+    return ", ".join(items) + (", ..." if len(duplicated) > limit else "")
+
+
+def format_p_value(p_value: float) -> str:
+    """``p < 0.001`` below 0.001, else two significant digits (``p = 0.003``, ``p = 0.26``).
+
+    >>> format_p_value(2.9e-18), format_p_value(0.0031), format_p_value(0.2614), format_p_value(1.0)
+    ('p < 0.001', 'p = 0.0031', 'p = 0.26', 'p = 1')
+    """
+    return "p < 0.001" if p_value < 0.001 else f"p = {p_value:.2g}"
 
 
 @dataclass(frozen=True)
@@ -253,9 +329,18 @@ def paired_comparison(base: dict[str, bool], new: dict[str, bool]) -> PairedComp
     )
 
 
-def paired_lines(records: dict[str, dict[str, dict] | None]) -> list[str]:
-    """Markdown bullets per run after the first, compared with the first on shared questions:
-    greedy answers (exact McNemar test) and, when both sampled answers, sampled accuracy."""
+SCORING_LABELS = {"choice": "multiple choice", "numeric": "numeric", "judged": "open-ended (judged)"}
+
+
+def paired_lines(records: dict[str, list[dict] | None]) -> list[str]:
+    """Markdown bullets per run after the first, compared with the first on shared questions.
+
+    Questions are paired on ``problem_id`` (on ``key`` when a run's records predate it, which
+    is said), per scoring: multiple-choice, numeric and judged open-ended answers each get an
+    exact McNemar test of the greedy answers; when both runs sampled, the sampled accuracy of
+    the multiple-choice questions gets a paired test. An id held by two records of one run
+    cannot be paired: those records are left out, counted and named.
+    """
     (base_name, base), *others = records.items()
     lines = []
     for name, new in others:
@@ -263,22 +348,41 @@ def paired_lines(records: dict[str, dict[str, dict] | None]) -> list[str]:
             missing = base_name if base is None else name
             lines.append(f"- {name} vs {base_name}: no per-question predictions for {missing}")
             continue
-        paired = paired_comparison(
-            {k: bool(r["correct"]) for k, r in base.items()}, {k: bool(r["correct"]) for k, r in new.items()}
-        )
-        lines.append(
-            f"- {name} vs {base_name}, same {paired.questions} questions: {paired.change:+.1%} "
-            f"({paired.only_new} right only in {name}, {paired.only_base} right only in {base_name}); "
-            f"exact McNemar p = {paired.p_value:.3f}"
-        )
-        sampled_base = {k: r["sampled_correct"] for k, r in base.items() if "sampled_correct" in r}
-        sampled_new = {k: r["sampled_correct"] for k, r in new.items() if "sampled_correct" in r}
+        field = pairing_field(base, new)
+        if field == "key":
+            lines.append(
+                f"- {name} vs {base_name}: paired on the shard key (records without problem_id, written "
+                "by an older version); a rebuilt shard set may key questions differently"
+            )
+        indexes = {base_name: index_records(base, field), name: index_records(new, field)}
+        for run, index in indexes.items():
+            if index.duplicated:
+                dropped = sum(index.duplicated.values())
+                lines.append(
+                    f"- WARNING: {run} has {len(index.duplicated)} {field}s on more than one record "
+                    f"({_shown(index.duplicated)}): its {dropped} records are left out of the pairing"
+                )
+        old_by_id, new_by_id = indexes[base_name].by_id, indexes[name].by_id
+        for scoring, label in SCORING_LABELS.items():
+            old_scored = {k: bool(r["correct"]) for k, r in old_by_id.items() if _scoring(r) == scoring}
+            new_scored = {k: bool(r["correct"]) for k, r in new_by_id.items() if _scoring(r) == scoring}
+            if not old_scored or not new_scored:
+                continue
+            paired = paired_comparison(old_scored, new_scored)
+            questions = "questions" if scoring == "choice" else f"{label} questions"
+            lines.append(
+                f"- {name} vs {base_name}, same {paired.questions} {questions}: {paired.change:+.1%} "
+                f"({paired.only_new} right only in {name}, {paired.only_base} right only in {base_name}); "
+                f"exact McNemar {format_p_value(paired.p_value)}"
+            )
+        sampled_base = {k: r["sampled_correct"] for k, r in old_by_id.items() if "sampled_correct" in r}
+        sampled_new = {k: r["sampled_correct"] for k, r in new_by_id.items() if "sampled_correct" in r}
         if sampled_base and sampled_new:
             means = paired_means(sampled_base, sampled_new)
             lines.append(
                 f"- sampled answers, {name} vs {base_name}, same {means.questions} questions: "
-                f"{means.base:.1%} -> {means.new:.1%} ({means.new - means.base:+.1%}); paired test p = "
-                f"{means.p_value:.2g}"
+                f"{means.base:.1%} -> {means.new:.1%} ({means.new - means.base:+.1%}); paired test "
+                f"{format_p_value(means.p_value)}"
             )
     return lines
 

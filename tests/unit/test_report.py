@@ -12,6 +12,7 @@ from app.cli import main
 from app.commands.report import (
     PairedComparison,
     comparison_table,
+    format_p_value,
     last_predictions,
     last_validation,
     metric_rows,
@@ -125,7 +126,9 @@ def test_paired_comparison_reads_the_last_predictions(tmp_path: Path, capsys: py
     main(["report", "compare", "--run", f"SFT={before}", "--run", f"GRPO={after}"])
     out = capsys.readouterr().out
     assert "GRPO vs SFT, same 4 questions: +25.0% (2 right only in GRPO, 1 right only in SFT)" in out
-    assert "p = 1.000" in out
+    assert "exact McNemar p = 1\n" in out
+    # These records predate problem_id: paired on the shard key, and the report says so.
+    assert "GRPO vs SFT: paired on the shard key" in out
 
 
 def test_sampled_accuracy_is_compared_question_by_question(
@@ -155,6 +158,100 @@ def test_sampled_accuracy_is_compared_question_by_question(
     out = capsys.readouterr().out
     assert "| sampled answers (mean) |" in out
     assert (
-        "sampled answers, GRPO vs SFT, same 4 questions: 31.2% -> 56.2% (+25.0%); paired test p = 0.014"
+        "sampled answers, GRPO vs SFT, same 4 questions: 31.2% -> 56.2% (+25.0%); paired test p = 0.014\n"
         in out
     )
+
+
+def test_p_values_below_a_thousandth_are_printed_as_a_bound() -> None:
+    assert format_p_value(2 / 1024) == "p = 0.002"
+    assert format_p_value(0.0143) == "p = 0.014" and format_p_value(0.26) == "p = 0.26"
+    assert format_p_value(0.001) == "p = 0.001"
+    assert format_p_value(0.000999) == "p < 0.001" and format_p_value(0.0) == "p < 0.001"
+    assert format_p_value(2.9e-18) == "p < 0.001"
+    # 30 vs 0 disagreements: p = 2 / 2^30, printed as a bound, never "p = 0.000".
+    assert format_p_value(PairedComparison(40, 30, 0).p_value) == "p < 0.001"
+
+
+def write_records(run_dir: Path, records: list[dict], step: int = 0) -> None:
+    folder = run_dir / "predictions"
+    folder.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (folder / f"val-step{step:06d}.jsonl").write_text(text)
+
+
+def record(problem_id: str | None, key: str, correct: bool | None, scoring: str = "choice") -> dict:
+    out = {"key": key, "correct": correct, "scoring": scoring}
+    return out if problem_id is None else {**out, "problem_id": problem_id}
+
+
+def test_questions_pair_on_problem_id_when_shard_keys_differ(tmp_path: Path, capsys) -> None:
+    # The same 30 questions in two builds that keyed them differently (and in another order).
+    base = [record(f"q{i}", f"old-{i:05d}", i < 5) for i in range(30)]
+    new = [record(f"q{i}", f"new-{29 - i:05d}", True) for i in reversed(range(30))]
+    for name, records in (("before", base), ("after", new)):
+        write_log(tmp_path / name, 0, [{"val/accuracy": 0.5}])
+        write_records(tmp_path / name, records)
+    main(["report", "compare", "--run", f"A={tmp_path / 'before'}", "--run", f"B={tmp_path / 'after'}"])
+    out = capsys.readouterr().out
+    assert (
+        "B vs A, same 30 questions: +83.3% (25 right only in B, 0 right only in A); exact McNemar p < 0.001"
+        in out
+    )
+    assert "shard key" not in out and "WARNING" not in out
+
+
+def test_a_problem_id_on_two_records_is_counted_named_and_left_out(tmp_path: Path, capsys) -> None:
+    base = [record(f"q{i}", f"k{i}", False) for i in range(6)]
+    # q1 twice (e.g. a build that wrote it under two keys), q2 three times.
+    new = [record(f"q{i}", f"k{i}", True) for i in range(6)]
+    new += [record("q1", "k1-dup", False), record("q2", "k2-dup", True), record("q2", "k2-dup2", True)]
+    for name, records in (("before", base), ("after", new)):
+        write_log(tmp_path / name, 0, [{"val/accuracy": 0.5}])
+        write_records(tmp_path / name, records)
+    main(["report", "compare", "--run", f"A={tmp_path / 'before'}", "--run", f"B={tmp_path / 'after'}"])
+    out = capsys.readouterr().out
+    assert (
+        "WARNING: B has 2 problem_ids on more than one record ('q1' x2, 'q2' x3): its 5 records are left out"
+        in out
+    )
+    assert "B vs A, same 4 questions: +100.0% (4 right only in B, 0 right only in A)" in out
+    with pytest.raises(ValueError, match=r"more than one record: 'q1' x2, 'q2' x3"):
+        last_predictions(tmp_path / "after")
+
+
+def test_each_problem_type_is_compared_on_its_own(tmp_path: Path, capsys) -> None:
+    base = [record("m0", "m0", True), record("m1", "m1", False), record("n0", "n0", False, "numeric")]
+    base += [record("o0", "o0", None, "not_scored"), record("o1", "o1", None, "not_scored")]
+    new = [record("m0", "m0", True), record("m1", "m1", True), record("n0", "n0", True, "numeric")]
+    new += [record("o0", "o0", True, "judged"), record("o1", "o1", None, "not_scored")]
+    logs = {
+        "before": {
+            "val/accuracy": 0.5,
+            "val/numeric_accuracy": 0.0,
+            "val/numeric_count": 1,
+            "val/not_scored": 2,
+        },
+        "after": {
+            "val/accuracy": 1.0,
+            "val/numeric_accuracy": 1.0,
+            "val/numeric_count": 1,
+            "val/open_ended_accuracy": 1.0,
+            "val/open_ended_judged": 1,
+            "val/not_scored": 1,
+        },
+    }
+    for name, records in (("before", base), ("after", new)):
+        write_log(tmp_path / name, 0, [logs[name]])
+        write_records(tmp_path / name, records)
+    main(["report", "compare", "--run", f"A={tmp_path / 'before'}", "--run", f"B={tmp_path / 'after'}"])
+    out = capsys.readouterr().out
+    assert "| **multiple choice** | 50.0% | 100.0% |" in out
+    assert "| numeric | 0.0% (n = 1) | 100.0% (n = 1) |" in out
+    assert "| open-ended (judged) | - | 100.0% (n = 1) |" in out
+    assert "| not scored | 2 not scored | 1 not scored |" in out
+    assert "B vs A, same 2 questions: +50.0% (1 right only in B, 0 right only in A)" in out
+    assert "B vs A, same 1 numeric questions: +100.0%" in out
+    # Only B judged open-ended answers: nothing to pair, no line; unscored answers never count.
+    assert "open-ended (judged) questions" not in out
+    assert last_predictions(tmp_path / "after") == {"m0": True, "m1": True}

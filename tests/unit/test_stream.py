@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
+import webdataset as wds
 from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
+from transformers import AutoProcessor
 
+from datamodules.collate import TextTokenCounter
+from datamodules.longvideo_reason import LongVideoReasonDataModule
 from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream, shards_for_rank
-from datamodules.synthetic import SynthConfig
+from datamodules.stream import SKIP_REASONS, SkipCounter, VideoQAStream, shards_for_rank
+from datamodules.synthetic import SynthConfig, encode_sample
 
 
 def test_broken_samples_are_skipped_named_and_counted(
@@ -53,3 +58,90 @@ def test_shards_for_rank_partitions_exactly() -> None:
     assert sorted(flat) == sorted(shards) and len(flat) == len(set(flat))
     with pytest.raises(ValueError):
         shards_for_rank(shards, 3, 3, 0, 1)
+
+
+def write_shard_with_long_texts(path: Path, config: SynthConfig) -> list[str]:
+    """Two good samples, a 200,000-character question and a 200,000-character reasoning.
+
+    The over-long samples hold bytes that are no video: had the stream decoded them, they
+    would be skipped as ``bad_video``, so their reason also shows they were caught first.
+    """
+    good = []
+    with wds.TarWriter(str(path), encoder=False) as writer:
+        for index in range(2):
+            key, video, row = encode_sample(config, "val", index)
+            writer.write({"__key__": key, "mp4": video, "json": json.dumps(row).encode()})
+            good.append(key)
+        _, _, row = encode_sample(config, "val", 2)
+        long_question = {**row, "problem_id": "long-question", "problem": "Why? " * 40_000}
+        long_reasoning = {**row, "problem_id": "long-reasoning", "reasoning": "Because. " * 22_223}
+        for sample in (long_question, long_reasoning):
+            writer.write(
+                {"__key__": sample["problem_id"], "mp4": b"not a video", "json": json.dumps(sample).encode()}
+            )
+    return good
+
+
+def test_over_long_texts_are_skipped_before_decoding_named_and_counted(
+    tmp_path: Path, tiny_model_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = tmp_path / "long-00000.tar"
+    good = write_shard_with_long_texts(shard, SynthConfig(num_frames=20, size=56))
+    counter = TextTokenCounter(AutoProcessor.from_pretrained(tiny_model_dir))
+    stream = VideoQAStream(
+        [str(shard)],
+        num_frames=4,
+        max_pixels=56 * 56,
+        text_lengths=counter,
+        max_prompt_tokens=1024,
+        max_target_tokens=1024,
+    )
+    with caplog.at_level(logging.WARNING, logger="datamodules.stream"):
+        samples = list(stream)
+    assert [s.key for s in samples] == good
+    assert stream.skipped.by_reason() == {"prompt_too_long": 1, "target_too_long": 1}
+    assert stream.skipped.value == 2
+    (question,) = [r.getMessage() for r in caplog.records if "'long-question'" in r.getMessage()]
+    assert (
+        str(shard) in question and "prompt_too_long" in question and "data.max_prompt_tokens=1024" in question
+    )
+    (reasoning,) = [r.getMessage() for r in caplog.records if "'long-reasoning'" in r.getMessage()]
+    assert "target_too_long" in reasoning
+    # The good samples are within the limits, and counted as the collator will tokenise them.
+    prompt_tokens, target_tokens = counter(samples[0].row)
+    assert 20 < prompt_tokens <= 1024 and 5 < target_tokens <= 1024
+
+
+def test_the_datamodule_skips_an_over_long_question_in_validation(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    write_shard_with_long_texts(tmp_path / "val-00000.tar", SynthConfig(num_frames=20, size=56))
+    data = LongVideoReasonDataModule(
+        val_shards=str(tmp_path / "val-*.tar"),
+        processor_path=str(tiny_model_dir),
+        num_frames=4,
+        max_pixels_per_frame=56 * 56,
+        batch_size=4,
+        num_workers=0,
+        max_target_tokens=None,  # only the question is bounded: the long reasoning passes
+    )
+    data.setup("validate")
+    batches = list(data.val_dataloader())
+    keys = [meta["problem_id"] for batch in batches for meta in batch["meta"]]
+    assert "long-question" not in keys and len(keys) == 2
+    assert data.skipped_by_reason == {"prompt_too_long": 1, "bad_video": 1}  # the reasoning one's "video"
+    assert data.skipped_samples == 2
+    with pytest.raises(ValueError, match="max_prompt_tokens=0 must be at least 1"):
+        LongVideoReasonDataModule(max_prompt_tokens=0)
+
+
+def test_skip_counts_are_shared_per_reason_and_restored() -> None:
+    counter = SkipCounter()
+    counter.add(reason="bad_video")
+    counter.add(2, reason="prompt_too_long")
+    assert counter.by_reason() == {"bad_video": 1, "prompt_too_long": 2} and counter.value == 3
+    counter.restore({"malformed_row": 4})
+    assert counter.by_reason() == {"malformed_row": 4} and counter.value == 4
+    with pytest.raises(ValueError):
+        counter.add(reason="no such reason")
+    assert set(counter.by_reason()) <= set(SKIP_REASONS)
