@@ -9,10 +9,11 @@ in non-ASCII characters) keep distinct keys, and a key depends on no other row, 
 workers or where a build was resumed. The build still checks that no two rows share a key.
 
 Video paths. The row's ``videos`` name is resolved under ``--videos-root`` (``..`` and symlinks
-followed) and must stay inside it: an absolute path, a ``..`` that climbs out or a symlink that
-points out is ``outside_root`` (checked on the name first, so nothing outside is looked up),
-unless ``allow_outside_root``. Only a regular file counts (a folder, a FIFO or a device is
-``missing_video``: opening a FIFO would block the build).
+followed) and must stay inside the resolved root: an absolute path elsewhere, a ``..`` that
+climbs out (both refused by the name, so nothing outside is looked up) or a symlink that points
+out is ``outside_root``, unless ``allow_outside_root``; an absolute path inside the root is fine.
+Only a regular file counts (a folder, a FIFO or a device is ``missing_video``: opening a FIFO
+would block the build).
 """
 
 from __future__ import annotations
@@ -51,9 +52,13 @@ def sample_key(problem_id: str) -> str:
     return f"{readable}-{digest}"
 
 
-def _climbs_out(name: str) -> bool:
-    """Whether a relative path leaves its folder by its name alone (``..`` beyond the top)."""
-    return os.path.normpath(name).split(os.sep)[0] == ".."
+def _leaves_by_name(videos_root: Path, name: str) -> bool:
+    """Whether a path is outside the (resolved) root by its name alone: an absolute path not under
+    the root, or a relative one whose ``..`` climb above it."""
+    normal = os.path.normpath(name)
+    if os.path.isabs(normal):
+        return not Path(normal).is_relative_to(videos_root)
+    return normal.split(os.sep)[0] == ".."
 
 
 def locate_video(videos_root: Path, name: str, *, allow_outside_root: bool, max_bytes: int) -> Path:
@@ -65,14 +70,13 @@ def locate_video(videos_root: Path, name: str, *, allow_outside_root: bool, max_
     """
     if "\x00" in name:  # the row checks reject it first; an OS call would raise ValueError
         raise RowRejected(MISSING_VIDEO, "the path holds a NUL character")
-    if not allow_outside_root:
-        if os.path.isabs(name):
-            raise RowRejected(OUTSIDE_ROOT, f"{name[:200]} is an absolute path; {_OUTSIDE_HINT}")
-        if _climbs_out(name):
-            raise RowRejected(OUTSIDE_ROOT, f"{name[:200]} climbs out of --videos-root; {_OUTSIDE_HINT}")
+    if not allow_outside_root and _leaves_by_name(videos_root, name):
+        raise RowRejected(OUTSIDE_ROOT, f"{name[:200]} is outside --videos-root by its name; {_OUTSIDE_HINT}")
+    # realpath follows symlinks (looking up only the links on the way) and never raises in its
+    # lenient mode; a loop or a name too long leaves a path that the stat below refuses.
     try:
-        path = (videos_root / name).resolve()
-    except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop on older Pythons
+        path = Path(os.path.realpath(videos_root / name))
+    except (OSError, ValueError, RecursionError) as err:  # e.g. a chain of thousands of links
         raise RowRejected(MISSING_VIDEO, f"cannot resolve {name[:200]}: {err}") from err
     shown = name[:200]
     if not allow_outside_root and not path.is_relative_to(videos_root):

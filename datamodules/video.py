@@ -253,7 +253,7 @@ DEFAULT_PROBE_FRAMES = 16
 """Frames :func:`probe_video` decodes by default: spread over the video, so a damaged middle is found."""
 
 
-class VideoTooLong(ValueError):
+class VideoTooLong(Exception):
     """The video's headers announce more than the allowed duration (nothing was decoded)."""
 
 
