@@ -1,19 +1,26 @@
 """Building WebDataset shards from the released LongVideo-Reason JSONL and video files (``lvrl data build``).
 
-Every JSONL row ends up in exactly one place: a shard (its original video bytes plus the
-normalised JSON with the probed duration and frame rate) or the rejects file
-``{split}-rejects.jsonl`` (line, id, video, reason code, message). Rows are checked in file
-order: the row itself (:func:`datamodules.released.normalise_released_row`), a repeated
-``problem_id`` (the first occurrence wins), the video file (present, a supported container,
-decodable from its first to its last frame: :func:`datamodules.video.probe_video`). Probing
-runs in worker processes; shards are written in input order, so the output does not depend
-on the number of workers.
+Every row of the JSONL file (every line holding more than JSON whitespace:
+:mod:`datamodules.jsonl_rows`) ends up in exactly one place: a shard (its original video bytes
+plus the normalised JSON with the probed duration and frame rate) or the rejects file
+``{split}-rejects.jsonl`` (line, id, video, reason code, message). Nothing in a line can stop
+the build. Rows are checked in file order: the line's bytes and JSON
+(:func:`~datamodules.jsonl_rows.decode_line`), the row itself and its text lengths
+(:func:`~datamodules.released.normalise_released_row`), a repeated ``problem_id`` (the first
+occurrence wins), the video path (confined to the videos root: :func:`datamodules.ingest.locate_video`),
+the video file (a supported container, decodable at ``probe_frames`` frames spread from the
+first to the last, not longer than ``max_video_seconds``: :func:`datamodules.video.probe_video`).
+Probing runs in worker processes; shards are written in input order, so the output does not
+depend on the number of workers. Shard keys are a pure function of the id
+(:func:`datamodules.ingest.sample_key`).
 
 A build is resumable: after each completed shard ``{split}-build-state.json`` records the
 first input line not yet in a complete shard; a re-run with the same inputs drops the
-unfinished shard and continues from there. ``dataset.json`` gets the split's shards and the
-build statistics (counts per category, problem type and container, video durations, rejects
-per reason) when the split is complete.
+unfinished shard and continues from there (the text checks of the earlier lines run again, so
+a later repeat of an earlier id is still a duplicate, and the output is byte-identical to an
+uninterrupted build). ``dataset.json`` gets the split's shards and the build statistics
+(counts per category, problem type and container, video durations, rejects per reason) when
+the split is complete.
 """
 
 from __future__ import annotations
@@ -27,30 +34,36 @@ import tarfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from hashlib import sha1
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from datamodules.ingest import locate_video, sample_key
+from datamodules.jsonl_rows import Line, decode_line, read_lines
 from datamodules.released import (
     DUPLICATE_ID,
-    MALFORMED,
     MISSING_VIDEO,
     REJECT_REASONS,
     UNDECODABLE,
+    VIDEO_TOO_LONG,
     RowRejected,
+    TextLimits,
     normalise_released_row,
 )
 from datamodules.rows import QARow
 from datamodules.shards import MANIFEST_NAME, ShardWriter, split_entry
-from datamodules.stream import VIDEO_EXTENSIONS
-from datamodules.video import VideoDecodeError, VideoInfo, probe_video
+from datamodules.video import DEFAULT_PROBE_FRAMES, VideoDecodeError, VideoInfo, VideoTooLong, probe_video
 
-UNSUPPORTED_CONTAINER = "unsupported_container"
-ALL_REJECT_REASONS = (*REJECT_REASONS, UNSUPPORTED_CONTAINER)
+ALL_REJECT_REASONS = REJECT_REASONS
 STATE_SUFFIX = "-build-state.json"
 REJECTS_SUFFIX = "-rejects.jsonl"
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A split name: a safe file-name component (it prefixes the shard and rejects file names)."""
+DEFAULT_MAX_VIDEO_SECONDS = 4 * 3600.0
+DEFAULT_MAX_VIDEO_BYTES = 4_000_000_000
+"""A video is read whole into memory to go into its shard: this bounds the builder's memory."""
+_MESSAGE_CHARS = 300
 
 
 class BuildError(RuntimeError):
@@ -68,6 +81,12 @@ class BuildSettings:
     max_bytes_per_shard: int = 1_000_000_000
     max_samples_per_shard: int = 100_000
     workers: int = 1
+    limits: TextLimits = field(default_factory=TextLimits)
+    allow_outside_root: bool = False
+    """Accept video paths that resolve outside ``videos_root`` (absolute ones included)."""
+    probe_frames: int = DEFAULT_PROBE_FRAMES
+    max_video_seconds: float = DEFAULT_MAX_VIDEO_SECONDS
+    max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES
 
     def fingerprint(self) -> dict[str, Any]:
         """What must not change between an interrupted build and its resumption."""
@@ -79,12 +98,25 @@ class BuildSettings:
             "videos_root": str(self.videos_root.resolve()),
             "max_bytes_per_shard": self.max_bytes_per_shard,
             "max_samples_per_shard": self.max_samples_per_shard,
+            "limits": asdict(self.limits),
+            "allow_outside_root": self.allow_outside_root,
+            "probe_frames": self.probe_frames,
+            "max_video_seconds": self.max_video_seconds,
+            "max_video_bytes": self.max_video_bytes,
         }
+
+
+def _printable(text: Any) -> str | None:
+    """A string as the rejects file can hold it (valid UTF-8, at most a few hundred characters)."""
+    if not isinstance(text, str):
+        return None
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= _MESSAGE_CHARS else text[:_MESSAGE_CHARS] + "..."
 
 
 @dataclass(frozen=True)
 class Reject:
-    """A row not written, and why."""
+    """A row not written, and why (the id and video as the row gave them, if strings)."""
 
     line: int
     reason: str
@@ -92,15 +124,23 @@ class Reject:
     problem_id: str | None = None
     video: str | None = None
 
+    @classmethod
+    def of(cls, line: int, reason: str, message: str, problem_id: Any = None, video: Any = None) -> Reject:
+        return cls(line, reason, _printable(message) or "", _printable(problem_id), _printable(video))
+
 
 @dataclass(frozen=True)
 class Candidate:
-    """A row that passed the text checks; its video still has to be probed."""
+    """A row that passed the text and path checks; its video still has to be probed."""
 
     line: int
     row: QARow
     key: str
     path: Path
+    """The video file, resolved."""
+    extension: str
+    probe_frames: int
+    max_video_seconds: float
 
 
 @dataclass(frozen=True)
@@ -122,65 +162,78 @@ class BuildReport:
     resumed_from_line: int = 1
 
 
-def _sample_key(problem_id: str, used: dict[str, str]) -> str:
-    # WebDataset keys cannot hold dots (the first dot starts the extension) and go into tar
-    # member names: keep [A-Za-z0-9_-], and disambiguate two ids that clean to the same key.
-    key = re.sub(r"[^A-Za-z0-9_-]", "_", problem_id)[:120] or "row"
-    if used.get(key, problem_id) != problem_id:
-        key = f"{key}-{sha1(problem_id.encode()).hexdigest()[:10]}"
-    used[key] = problem_id
-    return key
+def _checked_row(line: Line, limits: TextLimits) -> QARow | Reject:
+    """The row of one line, or why it is rejected: a pure function of the line's bytes."""
+    try:
+        obj = decode_line(line, limits.line_bytes)
+    except RowRejected as err:
+        return Reject.of(line.number, err.reason, str(err))
+    problem_id = obj.get("problem_id") if isinstance(obj, dict) else None
+    video = obj.get("videos") if isinstance(obj, dict) else None
+    try:
+        return normalise_released_row(obj, limits)
+    except RowRejected as err:
+        return Reject.of(line.number, err.reason, str(err), problem_id, video)
 
 
 def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate | Reject]:
-    """Every non-blank JSONL line from ``from_line`` on as a :class:`Candidate` or a :class:`Reject`,
-    in file order (earlier lines are read only for their ids: a later repeat is still a duplicate)."""
-    seen_ids: dict[str, int] = {}
-    keys: dict[str, str] = {}
-    with settings.jsonl.open(encoding="utf-8") as lines:
-        for line_number, text in enumerate(lines, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as err:
-                yield Reject(line_number, MALFORMED, f"not JSON ({err})")
-                continue
-            problem_id = obj.get("problem_id") if isinstance(obj, dict) else None
-            video = obj.get("videos") if isinstance(obj, dict) else None
-            problem_id = str(problem_id) if problem_id is not None else None
-            video = str(video) if video is not None else None
-            try:
-                row = normalise_released_row(obj)
-            except RowRejected as err:
-                yield Reject(line_number, err.reason, str(err), problem_id, video)
-                continue
-            if row.problem_id in seen_ids:
-                first = seen_ids[row.problem_id]
-                yield Reject(line_number, DUPLICATE_ID, f"problem_id also on line {first}", problem_id, video)
-                continue
-            seen_ids[row.problem_id] = line_number
-            if line_number < from_line:  # already in a shard or the rejects file
-                continue
-            path = settings.videos_root / row.video
-            if not path.is_file():
-                yield Reject(line_number, MISSING_VIDEO, f"no file {path}", problem_id, video)
-                continue
-            if path.suffix.lower().lstrip(".") not in VIDEO_EXTENSIONS:
-                message = f"{path.name}: not one of {', '.join(VIDEO_EXTENSIONS)}"
-                yield Reject(line_number, UNSUPPORTED_CONTAINER, message, problem_id, video)
-                continue
-            yield Candidate(line_number, row, _sample_key(row.problem_id, keys), path)
+    """Every row from line ``from_line`` on as a :class:`Candidate` or a :class:`Reject`, in file order.
+
+    Earlier lines go through the same text checks, only for their ids and keys: a later
+    repeat is still a duplicate after a resumption, and nothing of theirs is looked up on disk.
+    """
+    videos_root = settings.videos_root.resolve()
+    claimed: dict[str, tuple[int, str]] = {}  # shard key -> (line, problem id) of its first row
+    for line in read_lines(settings.jsonl, settings.limits.line_bytes):
+        outcome = _checked_row(line, settings.limits)
+        if isinstance(outcome, QARow):
+            key = sample_key(outcome.problem_id)
+            first_line, first_id = claimed.setdefault(key, (line.number, outcome.problem_id))
+            if first_line != line.number:
+                message = (
+                    f"problem_id also on line {first_line}"
+                    if first_id == outcome.problem_id
+                    else f"shard key {key} also belongs to the id on line {first_line}"
+                )
+                outcome = Reject.of(line.number, DUPLICATE_ID, message, outcome.problem_id, outcome.video)
+        if line.number < from_line:  # already in a shard or the rejects file
+            continue
+        if isinstance(outcome, Reject):
+            yield outcome
+            continue
+        row = outcome
+        try:
+            path = locate_video(
+                videos_root,
+                row.video,
+                allow_outside_root=settings.allow_outside_root,
+                max_bytes=settings.max_video_bytes,
+            )
+        except RowRejected as err:
+            yield Reject.of(line.number, err.reason, str(err), row.problem_id, row.video)
+            continue
+        extension = Path(row.video).suffix.lower().lstrip(".")
+        yield Candidate(
+            line.number, row, key, path, extension, settings.probe_frames, settings.max_video_seconds
+        )
 
 
 def probe(item: Candidate | Reject) -> Accepted | Reject:
-    """Probe a candidate's video (runs in a worker process); a reject passes through."""
+    """Probe a candidate's video (runs in a worker process); a reject passes through.
+
+    Any failure of the decoder on one file rejects that row only (``undecodable``).
+    """
     if isinstance(item, Reject):
         return item
+    problem_id, video = item.row.problem_id, item.row.video
     try:
-        info = probe_video(item.path)
+        info = probe_video(item.path, item.probe_frames, max_seconds=item.max_video_seconds)
+    except VideoTooLong as err:
+        return Reject.of(item.line, VIDEO_TOO_LONG, str(err), problem_id, video)
     except VideoDecodeError as err:
-        return Reject(item.line, UNDECODABLE, str(err), item.row.problem_id, item.row.video)
+        return Reject.of(item.line, UNDECODABLE, str(err), problem_id, video)
+    except Exception as err:  # an exotic file can raise anything inside PyAV; it is still one row
+        return Reject.of(item.line, UNDECODABLE, f"{type(err).__name__}: {err}", problem_id, video)
     return Accepted(item, info)
 
 
@@ -205,6 +258,21 @@ def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The records of a rejects file we wrote, with their text; a line cut short by a kill (after
+    the last state update, so past the resume line) is dropped."""
+    records = []
+    # Split on "\n" only: a message may hold U+2028 or U+0085, which str.splitlines splits on.
+    for text in path.read_bytes().decode("utf-8", "replace").split("\n"):
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("line"), int):
+            records.append((text, record))
+    return records
+
+
 class _BuildState:
     """The resume record ``{split}-build-state.json`` and the rejects file kept in step with it."""
 
@@ -222,18 +290,21 @@ class _BuildState:
                 path.unlink(missing_ok=True)
             return
         if self.path.exists():
-            saved = json.loads(self.path.read_text(encoding="utf-8"))
-            if saved["fingerprint"] != self.fingerprint:
-                changed = [k for k, v in self.fingerprint.items() if saved["fingerprint"].get(k) != v]
+            try:
+                saved = json.loads(self.path.read_text(encoding="utf-8"))
+                saved_fingerprint, next_line = saved["fingerprint"], int(saved["next_line"])
+                shards, complete = [str(name) for name in saved["shards"]], bool(saved["complete"])
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise BuildError(
+                    f"cannot read the build state {self.path} ({err}); pass --overwrite to start again"
+                ) from err
+            if saved_fingerprint != self.fingerprint:
+                changed = [k for k, v in self.fingerprint.items() if saved_fingerprint.get(k) != v]
                 raise BuildError(
                     f"{settings.out} holds a build of split {settings.split!r} from other inputs or limits "
                     f"({', '.join(changed)} differ); pass --overwrite to start again or choose another --out"
                 )
-            self.next_line, self.shards, self.complete = (
-                saved["next_line"],
-                saved["shards"],
-                saved["complete"],
-            )
+            self.next_line, self.shards, self.complete = next_line, shards, complete
             self._drop_unfinished(existing)
         elif existing:
             raise BuildError(
@@ -248,18 +319,14 @@ class _BuildState:
             if path.name not in self.shards:
                 path.unlink()
         if self.rejects_path.exists():
-            kept = [
-                line
-                for line in self.rejects_path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["line"] < self.next_line
-            ]
-            self.rejects_path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+            kept = [line for line in _json_lines(self.rejects_path) if line[1]["line"] < self.next_line]
+            self.rejects_path.write_text("".join(f"{text}\n" for text, _ in kept), encoding="utf-8")
 
     def save(self, next_line: int, pending_rejects: list[Reject], new_shard: str | None) -> None:
         """Record that every line before ``next_line`` is in a complete shard or the rejects file."""
         with self.rejects_path.open("a", encoding="utf-8") as out:
             for reject in pending_rejects:
-                out.write(json.dumps(asdict(reject), ensure_ascii=False) + "\n")
+                out.write(json.dumps(asdict(reject), ensure_ascii=False, allow_nan=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
         pending_rejects.clear()
@@ -277,18 +344,13 @@ class _BuildState:
     def rejects(self) -> list[dict[str, Any]]:
         if not self.rejects_path.exists():
             return []
-        text = self.rejects_path.read_text(encoding="utf-8")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [reject for _, reject in _json_lines(self.rejects_path)]
 
 
-def _count_rows(path: Path, before_line: int | None = None) -> int:
-    """Non-blank lines of a JSONL file (those before ``before_line`` only, if given)."""
-    with path.open(encoding="utf-8") as lines:
-        return sum(
-            1
-            for number, text in enumerate(lines, start=1)
-            if text.strip() and (before_line is None or number < before_line)
-        )
+def _count_rows(settings: BuildSettings, before_line: int | None = None) -> int:
+    """Rows of the JSONL file as :func:`read_rows` sees them (only those before ``before_line``, if given)."""
+    lines = read_lines(settings.jsonl, settings.limits.line_bytes)
+    return sum(1 for line in lines if before_line is None or line.number < before_line)
 
 
 def _outcomes(settings: BuildSettings, items: Iterator[Candidate | Reject]) -> Iterator[Accepted | Reject]:
@@ -300,15 +362,36 @@ def _outcomes(settings: BuildSettings, items: Iterator[Candidate | Reject]) -> I
         yield from pool.imap(probe, items, chunksize=1)
 
 
-def build_shards(settings: BuildSettings, *, overwrite: bool = False, progress: bool = True) -> BuildReport:
-    """Convert one released JSONL split into shards, a rejects file and its ``dataset.json`` entry."""
-    if not settings.jsonl.is_file():
-        raise BuildError(f"no JSONL file {settings.jsonl}")
+def _check_settings(settings: BuildSettings) -> None:
+    """Refuse, with one line saying what to change, settings the build cannot run with."""
+    if not SPLIT_NAME.fullmatch(settings.split):
+        raise BuildError(
+            f"split {settings.split[:80]!r} is not a safe file-name part: use 1-64 of A-Z a-z 0-9 _ - "
+            "(not starting with _ or -)"
+        )
+    if not settings.jsonl.is_file() or not os.access(settings.jsonl, os.R_OK):
+        raise BuildError(f"no readable JSONL file {settings.jsonl}")
     if not settings.videos_root.is_dir():
         raise BuildError(f"no videos folder {settings.videos_root}")
     if settings.workers < 1:
         raise BuildError(f"workers={settings.workers} must be at least 1")
-    settings.out.mkdir(parents=True, exist_ok=True)
+    if settings.probe_frames < 0:
+        raise BuildError(f"probe_frames={settings.probe_frames} must be 0 or more")
+    if not settings.max_video_seconds > 0 or settings.max_video_bytes < 1:
+        raise BuildError("max_video_seconds and max_video_bytes must be positive")
+    if settings.out.exists() and not settings.out.is_dir():
+        raise BuildError(f"--out {settings.out} is a file, not a folder")
+    try:
+        settings.out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise BuildError(f"cannot create the output folder {settings.out}: {err.strerror}") from err
+    if not os.access(settings.out, os.W_OK | os.X_OK):
+        raise BuildError(f"the output folder {settings.out} is not writable")
+
+
+def build_shards(settings: BuildSettings, *, overwrite: bool = False, progress: bool = True) -> BuildReport:
+    """Convert one released JSONL split into shards, a rejects file and its ``dataset.json`` entry."""
+    _check_settings(settings)
     state = _BuildState(settings, overwrite)
     resumed_from = state.next_line
     if not state.complete:
@@ -326,8 +409,8 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
 
     items = (item for item in read_rows(settings, state.next_line) if item.line >= state.next_line)
     bar = tqdm(
-        total=_count_rows(settings.jsonl),
-        initial=_count_rows(settings.jsonl, before_line=state.next_line),
+        total=_count_rows(settings),
+        initial=_count_rows(settings, before_line=state.next_line),
         desc=f"build {settings.split}",
         unit="row",
         disable=not progress,
@@ -347,15 +430,19 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
                 pending.append(outcome)
                 counts["rejected"] += 1
             else:
+                candidate = outcome.candidate
+                try:
+                    video = candidate.path.read_bytes()
+                except OSError as err:  # removed or made unreadable since it was probed
+                    row, message = candidate.row, f"cannot read {candidate.row.video[:200]}: {err.strerror}"
+                    reject = Reject.of(candidate.line, MISSING_VIDEO, message, row.problem_id, row.video)
+                    pending.append(reject)
+                    counts["rejected"] += 1
+                    bar.update(1)
+                    continue
                 counts["written"] += 1
-                current_line = outcome.candidate.line
-                extension = outcome.candidate.path.suffix.lower().lstrip(".")
-                writer.write(
-                    outcome.candidate.key,
-                    outcome.candidate.path.read_bytes(),
-                    sample_json(outcome),
-                    extension,
-                )
+                current_line = candidate.line
+                writer.write(candidate.key, video, sample_json(outcome), candidate.extension)
             bar.update(1)
             bar.set_postfix(counts, refresh=False)
         current_line = 1 << 62  # the last shard covers every remaining line
@@ -416,7 +503,7 @@ def _finish(settings: BuildSettings, state: _BuildState, resumed_from: int) -> B
         stats=stats,
         resumed_from_line=resumed_from,
     )
-    rows_in_file = _count_rows(settings.jsonl)
+    rows_in_file = _count_rows(settings)
     if report.rows != rows_in_file:  # every row is written or rejected, nothing else
         raise BuildError(
             f"{report.written} written + {len(rejects)} rejected != {rows_in_file} rows in {settings.jsonl}"

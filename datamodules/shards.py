@@ -112,7 +112,8 @@ class ShardWriter:
         """Add one sample; ``key`` must be unique and contain no dot."""
         _check_key(key, self._seen)
         # We encode ourselves (the TarWriter's encoder is off): the JSON bytes are exactly ours.
-        row_bytes = json.dumps(row, ensure_ascii=False).encode("utf-8")
+        # Standard JSON only: a NaN or Infinity would be unreadable for other JSON parsers.
+        row_bytes = json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8")
         size = len(video) + len(row_bytes)
         if self._writer is not None and (
             self._samples >= self.max_samples

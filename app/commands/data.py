@@ -11,28 +11,62 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
-from datamodules.build import BuildError, BuildSettings, build_shards
+from datamodules.build import (
+    DEFAULT_MAX_VIDEO_SECONDS,
+    SPLIT_NAME,
+    BuildError,
+    BuildSettings,
+    build_shards,
+)
+from datamodules.released import TextLimits
 from datamodules.shards import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
+from datamodules.video import DEFAULT_PROBE_FRAMES
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from err
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from err
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from err
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def _split_name(text: str) -> str:
+    if not SPLIT_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is not a safe file-name part: "
+            "use 1-64 of A-Z a-z 0-9 _ - (not starting with _ or -)"
+        )
+    return text
 
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -122,18 +156,34 @@ def _register_build(commands: argparse._SubParsersAction) -> None:
         description=(
             "Convert a released LongVideo-Reason JSONL file and its videos into WebDataset shards "
             "OUT/SPLIT-NNNNN.tar (original video bytes + normalised JSON with duration and fps). Every "
-            "row is written or listed with its reason in OUT/SPLIT-rejects.jsonl (missing file, "
-            "undecodable, no answer, answer not among the options, duplicate id, ...); OUT/dataset.json "
+            "row (a line with more than whitespace) is written or listed with its line and reason in "
+            "OUT/SPLIT-rejects.jsonl: too_long, not_utf8, malformed, not_video, no_answer, no_options, "
+            "answer_not_an_option, duplicate_id, outside_root, missing_video, unsupported_container, "
+            "video_too_large, undecodable, video_too_long; no line can stop the build. OUT/dataset.json "
             "gets the counts. Re-running after an interruption resumes after the last complete shard."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     build.add_argument("--jsonl", type=Path, required=True, help="released JSONL file (one row per line)")
     build.add_argument(
-        "--videos-root", type=Path, required=True, help="folder the rows' 'videos' file names are relative to"
+        "--videos-root",
+        type=Path,
+        required=True,
+        help="folder the rows' 'videos' file names are relative to; a path resolving outside it "
+        "(absolute, '..', a symlink out) is rejected as outside_root",
+    )
+    build.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        help="accept video paths outside --videos-root (absolute ones included)",
     )
     build.add_argument("--out", type=Path, required=True, help="output folder for shards and manifest")
-    build.add_argument("--split", default="train", help="split name: shard prefix and manifest entry")
+    build.add_argument(
+        "--split",
+        type=_split_name,
+        default="train",
+        help="split name: shard prefix and manifest entry (A-Z a-z 0-9 _ -)",
+    )
     build.add_argument(
         "--shard-size", type=_byte_size, default="1GB", help="bytes per shard at most (1GB, 500MB, ...)"
     )
@@ -142,6 +192,34 @@ def _register_build(commands: argparse._SubParsersAction) -> None:
     )
     build.add_argument(
         "--workers", type=_positive_int, default=1, help="processes probing videos (output is the same)"
+    )
+    build.add_argument(
+        "--probe-frames",
+        type=_non_negative_int,
+        default=DEFAULT_PROBE_FRAMES,
+        help="frames decoded per video, spread from the first to the last (0-2: those two only); "
+        "a video failing at one is undecodable",
+    )
+    limits = TextLimits()
+    for flag, default, what in (
+        ("--max-line-bytes", limits.line_bytes, "bytes of a JSONL line"),
+        ("--max-question-chars", limits.question_chars, "characters of a question (without its options)"),
+        ("--max-reasoning-chars", limits.reasoning_chars, "characters of the reasoning"),
+        ("--max-option-chars", limits.option_chars, "characters of each option"),
+        ("--max-answer-chars", limits.answer_chars, "characters of the answer"),
+    ):
+        build.add_argument(flag, type=_positive_int, default=default, help=f"most {what} (longer: too_long)")
+    build.add_argument(
+        "--max-video-seconds",
+        type=_positive_float,
+        default=DEFAULT_MAX_VIDEO_SECONDS,
+        help="longest video by its headers, in seconds (longer: video_too_long)",
+    )
+    build.add_argument(
+        "--max-video-size",
+        type=_byte_size,
+        default="4GB",
+        help="largest video file (read whole into memory for its shard; larger: video_too_large)",
     )
     build.add_argument(
         "--overwrite", action="store_true", help="delete this split's shards, rejects and state first"
@@ -160,11 +238,24 @@ def run_build(args: argparse.Namespace) -> None:
         max_bytes_per_shard=args.shard_size,
         max_samples_per_shard=args.samples_per_shard,
         workers=args.workers,
+        limits=TextLimits(
+            line_bytes=args.max_line_bytes,
+            question_chars=args.max_question_chars,
+            reasoning_chars=args.max_reasoning_chars,
+            option_chars=args.max_option_chars,
+            answer_chars=args.max_answer_chars,
+        ),
+        allow_outside_root=args.allow_outside_root,
+        probe_frames=args.probe_frames,
+        max_video_seconds=args.max_video_seconds,
+        max_video_bytes=args.max_video_size,
     )
     try:
         report = build_shards(settings, overwrite=args.overwrite, progress=not args.no_progress)
     except BuildError as err:
-        raise SystemExit(f"lvrl data build: error: {err}") from err
+        # One line and the usage-error status, like argparse's own errors.
+        print(f"lvrl data build: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from err
     if report.resumed_from_line > 1:
         print(f"resumed at line {report.resumed_from_line}")
     hours = report.stats["duration_s"]["total_hours"]

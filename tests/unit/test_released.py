@@ -1,8 +1,10 @@
 """Released LongVideo-Reason rows -> QARow: embedded options, answer forms, reject reasons."""
 
+import time
+
 import pytest
 
-from datamodules.released import RowRejected, normalise_released_row, split_embedded_options
+from datamodules.released import RowRejected, TextLimits, normalise_released_row, split_embedded_options
 
 
 @pytest.mark.parametrize(
@@ -89,3 +91,68 @@ def test_open_ended_rows_keep_free_text_answers():
         _released(problem_type="Open-Ended", problem="What happens?", answer="<answer>It falls.</answer>")
     )
     assert row.problem_type == "open-ended" and row.answer == "It falls." and row.options == ()
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        # Wrong types are rejected, never converted: a null option is not the option "None".
+        ({"problem": "Which?", "options": ["x", None]}, "malformed"),
+        ({"problem": "Which?", "options": ["x", 3]}, "malformed"),
+        ({"problem": "Which?", "options": ["x", ["y"]]}, "malformed"),
+        ({"problem": "Which?", "options": "A. x B. y"}, "malformed"),
+        ({"problem": "Which?", "options": {"A": "x"}}, "malformed"),
+        ({"answer": 2}, "malformed"),
+        ({"answer": ["<answer>B</answer>"]}, "malformed"),
+        ({"reasoning": 0}, "malformed"),
+        ({"reasoning": False}, "malformed"),
+        ({"data_type": None}, "malformed"),
+        ({"problem_id": ["q1"]}, "malformed"),  # only 'videos' may be a one-element list
+        ({"problem_type": 1}, "malformed"),
+        # Lengths.
+        ({"problem": "Which?", "options": [f"o{i}" for i in range(11)]}, "too_long"),
+        ({"problem": "Q" * 4_001 + "\nA. x\nB. y"}, "too_long"),
+        ({"problem": "Which?\nA. " + "x" * 1_001 + "\nB. y"}, "too_long"),
+        ({"reasoning": "r" * 20_001}, "too_long"),
+        ({"problem_id": "i" * 1_001}, "too_long"),
+        ({"problem": "(A) x " * 100_000}, "too_long"),  # refused before the option split reads it
+    ],
+)
+def test_wrong_types_and_lengths_are_rejected(changes, reason):
+    with pytest.raises(RowRejected) as caught:
+        normalise_released_row(_released(**changes))
+    assert caught.value.reason == reason and str(caught.value)
+
+
+def test_limits_are_inclusive_and_configurable():
+    limits = TextLimits(question_chars=10, reasoning_chars=5, option_chars=3, answer_chars=20)
+    row = normalise_released_row(_released(problem="Q" * 10, options=["abc", "d"], reasoning="12345"), limits)
+    assert row.problem == "Q" * 10 and row.options == ("abc", "d")
+    with pytest.raises(RowRejected, match="reasoning has 6 characters; at most 5"):
+        normalise_released_row(_released(problem="Q", options=["a", "b"], reasoning="123456"), limits)
+    with pytest.raises(ValueError, match="positive"):
+        TextLimits(question_chars=0)
+
+
+def test_ten_options_are_split_and_an_eleventh_marker_does_not_crash():
+    letters = "ABCDEFGHIJ"
+    inline = "Which? " + " ".join(f"({letter}) {letter.lower()}" for letter in letters) + " (A) again"
+    question, options = split_embedded_options(inline)
+    assert question == "Which?" and options[:9] == tuple(letters.lower()[:9]) and len(options) == 10
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "Q\nA." + " " * 200_000 + "x" + " " * 200_000 + "y\nB. z",
+        "Q\n" + "\t" * 400_000 + "\nA. x\nB. y",
+        "A. " * 130_000,
+        "Q " + "(A) " * 100_000 + "(B) x",
+    ],
+)
+def test_option_splitting_takes_linear_time_on_pathological_text(problem):
+    # The earlier patterns backtracked quadratically (tens of minutes on these); now well under a second
+    # (the bar is 100x that, so machine speed and load cannot change the verdict).
+    start = time.perf_counter()
+    split_embedded_options(problem)
+    assert time.perf_counter() - start < 30

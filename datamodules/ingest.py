@@ -1,0 +1,97 @@
+"""The checks of ``lvrl data build`` between a row's text and its video's bytes: shard key and video path.
+
+Shard keys. A sample's key is a pure function of its ``problem_id``: the id with every
+character outside ``[A-Za-z0-9_-]`` replaced by ``_`` and cut to 64 characters (readable, and
+safe as a tar member name and a WebDataset key, which may hold no dot), then ``-`` and the
+first 16 hex digits of the SHA-256 of the id's UTF-8 bytes. Ids that clean to the same text
+(``a/b`` and ``a_b``, ``.`` and ``_``, two long ids with one prefix, ids differing in case or
+in non-ASCII characters) keep distinct keys, and a key depends on no other row, the number of
+workers or where a build was resumed. The build still checks that no two rows share a key.
+
+Video paths. The row's ``videos`` name is resolved under ``--videos-root`` (``..`` and symlinks
+followed) and must stay inside the resolved root: an absolute path elsewhere, a ``..`` that
+climbs out (both refused by the name, so nothing outside is looked up) or a symlink that points
+out is ``outside_root``, unless ``allow_outside_root``; an absolute path inside the root is fine.
+Only a regular file counts (a folder, a FIFO or a device is ``missing_video``: opening a FIFO
+would block the build).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from pathlib import Path
+
+from datamodules.released import (
+    MISSING_VIDEO,
+    OUTSIDE_ROOT,
+    UNSUPPORTED_CONTAINER,
+    VIDEO_TOO_LARGE,
+    RowRejected,
+)
+from datamodules.stream import VIDEO_EXTENSIONS
+
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+KEY_PREFIX_CHARS = 64
+KEY_HASH_HEX = 16
+_OUTSIDE_HINT = "pass --allow-outside-root to accept such paths"
+
+
+def sample_key(problem_id: str) -> str:
+    """The shard key of a problem id: its readable part and a hash of the whole id.
+
+    >>> sample_key("open/2.x")
+    'open_2_x-2cef5fefee64cb8b'
+    >>> sample_key("a/b") != sample_key("a_b")
+    True
+    """
+    readable = _KEY_UNSAFE.sub("_", problem_id)[:KEY_PREFIX_CHARS] or "_"
+    digest = hashlib.sha256(problem_id.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_HASH_HEX]
+    return f"{readable}-{digest}"
+
+
+def _leaves_by_name(videos_root: Path, name: str) -> bool:
+    """Whether a path is outside the (resolved) root by its name alone: an absolute path not under
+    the root, or a relative one whose ``..`` climb above it."""
+    normal = os.path.normpath(name)
+    if os.path.isabs(normal):
+        return not Path(normal).is_relative_to(videos_root)
+    return normal.split(os.sep)[0] == ".."
+
+
+def locate_video(videos_root: Path, name: str, *, allow_outside_root: bool, max_bytes: int) -> Path:
+    """The resolved path of a row's video file, or :class:`RowRejected` saying why not.
+
+    ``videos_root`` must already be resolved. Reasons: ``outside_root``, ``missing_video`` (no
+    such regular file, or one that cannot be looked up), ``unsupported_container`` (by the
+    name's extension), ``video_too_large`` (more than ``max_bytes``).
+    """
+    if "\x00" in name:  # the row checks reject it first; an OS call would raise ValueError
+        raise RowRejected(MISSING_VIDEO, "the path holds a NUL character")
+    if not allow_outside_root and _leaves_by_name(videos_root, name):
+        raise RowRejected(OUTSIDE_ROOT, f"{name[:200]} is outside --videos-root by its name; {_OUTSIDE_HINT}")
+    # realpath follows symlinks (looking up only the links on the way) and never raises in its
+    # lenient mode; a loop or a name too long leaves a path that the stat below refuses.
+    try:
+        path = Path(os.path.realpath(videos_root / name))
+    except (OSError, ValueError, RecursionError) as err:  # e.g. a chain of thousands of links
+        raise RowRejected(MISSING_VIDEO, f"cannot resolve {name[:200]}: {err}") from err
+    shown = name[:200]
+    if not allow_outside_root and not path.is_relative_to(videos_root):
+        message = f"{shown} resolves to {str(path)[:200]}, outside --videos-root; {_OUTSIDE_HINT}"
+        raise RowRejected(OUTSIDE_ROOT, message)
+    try:
+        info = path.stat()
+    except OSError as err:  # absent, a symlink loop, a name too long, no permission
+        raise RowRejected(MISSING_VIDEO, f"no file {shown} under the videos root ({err.strerror})") from err
+    if not stat.S_ISREG(info.st_mode):
+        raise RowRejected(MISSING_VIDEO, f"{shown} is not a regular file")
+    extension = Path(name).suffix.lower().lstrip(".")
+    if extension not in VIDEO_EXTENSIONS:
+        message = f"{Path(name).name[:200]}: not one of {', '.join(VIDEO_EXTENSIONS)}"
+        raise RowRejected(UNSUPPORTED_CONTAINER, message)
+    if info.st_size > max_bytes:
+        raise RowRejected(VIDEO_TOO_LARGE, f"{shown} has {info.st_size:,} bytes; at most {max_bytes:,}")
+    return path
