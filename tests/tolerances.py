@@ -41,6 +41,8 @@ import torch
 __all__ = [
     "EPS32",
     "EPS64",
+    "FORWARD_ULPS",
+    "GRADIENT_ULPS",
     "assert_float32_close",
     "assert_float64_close",
     "assert_identical",
@@ -48,6 +50,21 @@ __all__ = [
 
 EPS32 = float(torch.finfo(torch.float32).eps)  # 2**-23, float32's spacing at 1
 EPS64 = float(torch.finfo(torch.float64).eps)  # 2**-52
+
+FORWARD_ULPS = 256
+"""Two float32 forward passes of the tiny test model that differ only in the order of their
+reductions (batched vs alone, padded differently, sequence-sharded, another attention or matmul
+kernel): log-probs, entropies and video embeddings agree within 256 ulps (3e-5 relative) of the
+largest |value|. Each of the ~10 reductions along the path (2 vision + 2 language blocks:
+attention over <= 300 positions, MLPs of width <= 384, a log-softmax over 1024 logits) rounds
+by a few ulps when reordered; the largest difference measured is ~14 ulps (1.7e-5 on
+embeddings near 10), so 256 leaves >= 10x headroom, while a wrong position id, a dropped frame
+or a mis-dealt shard changes values by >= 1e-2 relative (>= 10^5 ulps)."""
+
+GRADIENT_ULPS = 1024
+"""Parameter gradients of the same loss along two such paths, per tensor relative to its largest
+entry: backward adds one more reordered reduction per layer (over the tokens of the batch) and
+sums the rows' contributions in another order, so 4x the forward bar (1.2e-4 relative)."""
 
 Numbers = torch.Tensor | np.ndarray | Sequence | float | int
 
