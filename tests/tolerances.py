@@ -13,7 +13,8 @@ Three kinds of comparison appear in the tests, and each has one function here:
   float32's unit roundoff and ``scale`` is the largest ``|expected|`` (or a scale the caller
   states, e.g. the size of the logits when log-probs near 0 are compared).
 - :func:`assert_float64_close`: the same with ``eps64 = 2**-52``, for tests that recompute
-  something in float64 so that a tight check is possible (pure RL math against hand values).
+  something in float64 so that a tight check is possible; :func:`assert_close_in_ulps` takes
+  any unit roundoff (``EPS_BF16`` for bfloat16 kernels).
 
 Choosing ``ulps``. A reduction of n float32 terms reordered has an error of about
 sqrt(n) ulps of its terms' magnitude (random rounding; n ulps in the worst case), and a
@@ -41,8 +42,10 @@ import torch
 __all__ = [
     "EPS32",
     "EPS64",
+    "EPS_BF16",
     "FORWARD_ULPS",
     "GRADIENT_ULPS",
+    "assert_close_in_ulps",
     "assert_float32_close",
     "assert_float64_close",
     "assert_identical",
@@ -50,6 +53,7 @@ __all__ = [
 
 EPS32 = float(torch.finfo(torch.float32).eps)  # 2**-23, float32's spacing at 1
 EPS64 = float(torch.finfo(torch.float64).eps)  # 2**-52
+EPS_BF16 = float(torch.finfo(torch.bfloat16).eps)  # 2**-7
 
 FORWARD_ULPS = 256
 """Two float32 forward passes of the tiny test model that differ only in the order of their
@@ -85,9 +89,10 @@ def _record(error: float, bar: float, reason: str) -> None:
             log.write(f"{test}\t{ratio:.4g}\t{error:.3g}\t{bar:.3g}\t{reason}\n")
 
 
-def _assert_scaled_close(
-    actual: Numbers, expected: Numbers, ulps: float, eps: float, reason: str, scale: float | None
+def assert_close_in_ulps(
+    actual: Numbers, expected: Numbers, *, eps: float, ulps: float, reason: str, scale: float | None = None
 ) -> float:
+    """``max |actual - expected| <= ulps * eps * scale``: the general form of the two below."""
     got, want = _as_float64(actual), _as_float64(expected)
     if got.shape != want.shape:
         raise AssertionError(f"{reason}: shape {tuple(got.shape)} != expected {tuple(want.shape)}")
@@ -116,14 +121,14 @@ def assert_float32_close(
     docstring for how ``ulps`` is chosen). ``reason`` names the two paths; it heads the failure
     message. Returns the observed error.
     """
-    return _assert_scaled_close(actual, expected, ulps, EPS32, reason, scale)
+    return assert_close_in_ulps(actual, expected, eps=EPS32, ulps=ulps, reason=reason, scale=scale)
 
 
 def assert_float64_close(
     actual: Numbers, expected: Numbers, *, ulps: float, reason: str, scale: float | None = None
 ) -> float:
     """As :func:`assert_float32_close` with float64's unit roundoff ``2**-52``."""
-    return _assert_scaled_close(actual, expected, ulps, EPS64, reason, scale)
+    return assert_close_in_ulps(actual, expected, eps=EPS64, ulps=ulps, reason=reason, scale=scale)
 
 
 def assert_identical(actual: Numbers, expected: Numbers, *, reason: str) -> None:
