@@ -18,13 +18,15 @@ Three kinds of comparison appear in the tests, and each has one function here:
 
 Choosing ``ulps``. A reduction of n float32 terms reordered has an error of about
 sqrt(n) ulps of its terms' magnitude (random rounding; n ulps in the worst case), and a
-network of L layers adds up one such error per layer. The tests state their n and L next to
-each call; the bars in use are a few hundred ulps for a forward pass of the tiny test model
-(hidden size 64..128, 2..4 layers) and come out at least 10x above the largest difference seen
-with 1, 2 and the default number of threads on two CPU models, while the bugs each
-comparison guards against (a wrong position, a dropped frame, a stale weight) move values by
-1e-2..1, i.e. by 10^4..10^6 ulps. A test that needs a tighter bar than that should compare
-in float64.
+network of L layers adds up one such error per layer. Short formulas (the RL math) get a
+handful of ulps, derived next to each call; model forward and backward passes get
+:data:`FORWARD_ULPS` / :data:`GRADIENT_ULPS`. Each bar was checked to sit >= 10x above the
+largest difference observed with 1, 2 (the default) and 4 threads on this project's 2-core
+machine, and above the differences reported from a machine with another CPU model (up to
+1.5e-5 on values near 10, i.e. 13 ulps), while the bugs each comparison guards against move
+values by thousands of bars (measured on the tiny model's log-probs: the temporal position of
+the video tokens off by one, 2,100 bars; a temporal patch replaced by its neighbour, 4,000
+bars). A test that needs a tighter bar than that should compare in float64.
 
 Every failure message gives the observed error in units of the bar. Setting
 ``LVRL_TOLERANCE_LOG=path`` appends one line per comparison (test, error / bar, error, bar,
@@ -61,14 +63,16 @@ reductions (batched vs alone, padded differently, sequence-sharded, another atte
 kernel): log-probs, entropies and video embeddings agree within 256 ulps (3e-5 relative) of the
 largest |value|. Each of the ~10 reductions along the path (2 vision + 2 language blocks:
 attention over <= 300 positions, MLPs of width <= 384, a log-softmax over 1024 logits) rounds
-by a few ulps when reordered; the largest difference measured is ~14 ulps (1.7e-5 on
-embeddings near 10), so 256 leaves >= 10x headroom, while a wrong position id, a dropped frame
-or a mis-dealt shard changes values by >= 1e-2 relative (>= 10^5 ulps)."""
+by a few ulps when reordered; the largest differences seen are ~14 ulps (1.7e-5 on embeddings
+near 10, a row alone vs in a batch; 1.5e-5 for sequence-parallel encoding on another CPU), i.e.
+<= 1/15 of the bar, while a wrong position id, a dropped frame or a mis-dealt shard changes
+values by > 10^3 bars."""
 
 GRADIENT_ULPS = 1024
 """Parameter gradients of the same loss along two such paths, per tensor relative to its largest
 entry: backward adds one more reordered reduction per layer (over the tokens of the batch) and
-sums the rows' contributions in another order, so 4x the forward bar (1.2e-4 relative)."""
+sums the rows' contributions in another order, so 4x the forward bar (1.2e-4 relative). Largest
+seen: 1/15 of it (micro-batches, shared prompt passes, sequence-parallel ranks)."""
 
 Numbers = torch.Tensor | np.ndarray | Sequence | float | int
 
