@@ -8,12 +8,21 @@ returns ``n = G`` samples per request in, so no group ids are carried around.
 All functions compute in float32 (rewards may arrive in any float dtype) and return one
 advantage per completion, shape ``(batch,)``. Broadcast it over the completion's tokens in
 the loss (``models.rl.losses.policy_loss`` accepts it as is).
+
+Constant groups: a group whose G rewards are all equal carries no learning signal, and every
+estimator here gives each of its rows an advantage of exactly 0, in every input dtype. The
+formulas alone do not guarantee that in floating point: the float32 mean of eight 0.9 is one
+ulp away from 0.9, so r - mean is about 6e-8 instead of 0, and GRPO divides that by a std of
+the same size (+ eps) to get -0.056. The estimators therefore detect constant groups exactly
+(max == min, the test :func:`zero_variance_groups` uses) and set their advantages to 0; every
+other group goes through its formula unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 
 __all__ = [
@@ -35,6 +44,13 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
     return rewards.float().view(-1, group_size)
 
 
+def _zero_constant_groups(grouped: Tensor, advantages: Tensor) -> Tensor:
+    """``advantages`` (num_groups, G) flattened to (batch,), with exactly 0 on every row of a
+    group whose rewards are all equal (see the module docstring for why rounding needs this)."""
+    constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+    return torch.where(constant, torch.zeros_like(advantages), advantages).view(-1)
+
+
 def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, unbiased: bool = False) -> Tensor:
     """GRPO outcome advantage: the reward standardised within its group.
 
@@ -51,14 +67,17 @@ def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, unbiase
     constant factor an optimizer's learning rate absorbs. Pass ``unbiased=True`` to reproduce
     them exactly.
 
-    A group whose rewards are all equal gets advantage 0 (numerator 0, denominator eps).
+    A group whose rewards are all equal gets advantage exactly 0 (in exact arithmetic the
+    numerator is 0 and the denominator eps; in floating point the group is detected with
+    max == min, because a rounded mean would leave a numerator of about one ulp that the
+    equally tiny std amplifies).
     """
     grouped = _grouped(rewards, group_size)
     mean = grouped.mean(dim=1, keepdim=True)
     if unbiased and group_size == 1:
         raise ValueError("the Bessel-corrected std needs group_size >= 2")
     std = grouped.std(dim=1, keepdim=True, unbiased=unbiased)
-    return ((grouped - mean) / (std + eps)).view(-1)
+    return _zero_constant_groups(grouped, (grouped - mean) / (std + eps))
 
 
 def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
@@ -69,9 +88,10 @@ def dr_grpo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     Dr.GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training") drops the std because
     it up-weights groups that are nearly all right or all wrong (a question-difficulty bias).
     Pair it with the ``seq_mean_token_sum`` aggregation to also drop the length bias.
+    A group whose rewards are all equal gets exactly 0 (not the mean's rounding error).
     """
     grouped = _grouped(rewards, group_size)
-    return (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+    return _zero_constant_groups(grouped, grouped - grouped.mean(dim=1, keepdim=True))
 
 
 def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
@@ -80,13 +100,14 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
         A_i = r_i - (sum_g(r) - r_i) / (G - 1)  =  G / (G - 1) * (r_i - mean_g(r))
 
     The baseline of completion i does not depend on i's own sample, so the estimator is
-    unbiased. Needs G >= 2.
+    unbiased. Needs G >= 2. A group whose rewards are all equal gets exactly 0 (not the
+    rounding error of the leave-one-out sums).
     """
     if group_size < 2:
         raise ValueError("RLOO needs at least two completions per group")
     grouped = _grouped(rewards, group_size)
     others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - others_mean).view(-1)
+    return _zero_constant_groups(grouped, grouped - others_mean)
 
 
 def zero_variance_groups(rewards: Tensor, group_size: int, atol: float = 0.0) -> Tensor:

@@ -174,8 +174,11 @@ def policy_loss(
         r_t = sg(s_i) * exp(logprobs_t - sg(logprobs_t))       (sg = stop-gradient / detach)
 
     whose value is s_i (so clipping acts on whole sequences) and whose gradient w.r.t.
-    logprobs_t is s_i (GSPO-token). With one advantage per sequence this has exactly the
-    gradient of GSPO's sequence objective, s_i * A_i * mean_t grad(logprobs_t) per sequence
+    logprobs_t is s_i (GSPO-token). It is evaluated as exp((logprobs_t - sg(logprobs_t)) +
+    sg(log s_i)), in that order: the bracket is exactly 0, so the value is exactly
+    exp(log s_i), with no rounding of log s_i to the coarser ulp of logprobs_t. With one
+    advantage per sequence this has exactly the gradient of GSPO's sequence objective,
+    s_i * A_i * mean_t grad(logprobs_t) per sequence
     (the paper averages sequences: ``aggregation="seq_mean_token_mean"``; ``token_mean``
     weighs sequence i by its length instead); per-token advantages then weigh each token's
     gradient by its own A_it, which the sequence form cannot express. GSPO's
@@ -230,7 +233,10 @@ def policy_loss(
     else:
         seq_log_ratio = (logprobs - old_logprobs).sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)
         seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-        ratio = (seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach()).exp()
+        # (lp - sg(lp)) is exactly 0 in value, so adding s_i after it keeps s_i exact and the
+        # ratio's value is exp(s_i) to the last bit; summing s_i + lp first (as a one-line
+        # transcription would) rounds s_i to the ulp of lp, which can be far coarser.
+        ratio = ((logprobs - logprobs.detach()) + seq_log_ratio.detach()[:, None]).exp()
 
     unclipped_loss = -advantages * ratio
     clipped_loss = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -2,8 +2,10 @@
 
 The reference: :func:`models.logprobs.completion_logprobs` on every row whole, in this process.
 The workers: the same rows, the sequence split across the group, Ulysses or ring attention.
-Compared: completion log-probs (max abs diff <= 1e-5), entropy, and every parameter's
-gradient of the same loss (relative diff <= 1e-4) plus the cached video embeddings' gradient.
+Compared: completion log-probs, entropy, and every parameter's gradient of the same loss plus
+the cached video embeddings' gradient, within float32 bars scaled to the values
+(``tolerances.FORWARD_ULPS`` / ``GRADIENT_ULPS``): sharding reorders reductions and nothing
+else, whatever the thread count (the workers run one thread each, the reference the default).
 The rows are real video prompts of two lengths with ragged completions, so the padded length
 does not divide the group size and rows end in different slices; the tiny model has 4 query
 heads and 2 key/value heads, so at 4 ranks Ulysses repeats the key/value heads (GQA).
@@ -22,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from scoring_helpers import video_scoring_rows
+from tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from models.loading import load_model
 from models.logprobs import completion_logprobs
@@ -127,15 +130,22 @@ def test_sequence_parallel_prefill_matches_one_process(
     )
     for attention in ATTENTIONS:
         logprobs, entropy, gradients = torch.load(tmp_path / f"{attention}.pt")
-        assert (logprobs - reference["logprobs"]).abs().max() <= 1e-5, attention
-        assert (entropy - reference["entropy"]).abs().max() <= 1e-4, attention
+        why = f"{world_size} {attention} ranks vs one process"
+        assert_float32_close(logprobs, reference["logprobs"], ulps=FORWARD_ULPS, reason=f"log-probs, {why}")
+        assert_float32_close(entropy, reference["entropy"], ulps=FORWARD_ULPS, reason=f"entropy, {why}")
         assert gradients.keys() == reference["grads"].keys()
         for name, expected in reference["grads"].items():
-            relative = (gradients[name] - expected).abs().max() / expected.abs().max().clamp(min=1e-12)
-            assert relative <= 1e-4, f"{attention}: {name} gradient off by {relative:.2e}"
+            assert_float32_close(
+                gradients[name], expected, ulps=GRADIENT_ULPS, reason=f"{name} gradient, {why}"
+            )
     for rank in range(world_size):
         encoded = torch.load(tmp_path / f"encoding-rank{rank}.pt")
         for batch, expected in zip(encoded, reference["encoded"], strict=True):
             assert [e.shape for e in batch] == [e.shape for e in expected]
             for video, want in zip(batch, expected, strict=True):
-                assert (video - want).abs().max() <= 1e-5, f"rank {rank}"
+                # Dealing temporal patches across ranks reorders the vision tower's reductions:
+                # 1.5e-5 on values near 10 was seen (13 ulps); a patch dealt to the wrong video
+                # or position moves embeddings by O(1).
+                assert_float32_close(
+                    video, want, ulps=FORWARD_ULPS, reason=f"stage-1 encoding, rank {rank} of {world_size}"
+                )

@@ -17,8 +17,9 @@ import pytest
 import torch
 import yaml
 from conftest import REPO_ROOT
-from test_grpo_cli import tiny_rollout_settings
+from test_grpo_cli import engine_gap_bar, tiny_rollout_settings
 from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
+from tolerances import GRADIENT_ULPS, assert_float32_close
 
 from models.grpo import RolloutBatch, loss_normalizers
 from models.loading import load_model
@@ -76,7 +77,7 @@ def test_sp2_fit_matches_one_process(
     )
     losses, grad_norms = logged(run_dir, "train/loss"), logged(run_dir, "train/grad_norm")
     assert len(losses) == 3 and len(grad_norms) == 3
-    assert max(logged(run_dir, "rollout/logprob_diff_max")) < 1e-3
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
 
     # Both ranks trained on one rollout batch (sequence-parallel peers share rollouts).
     first, second = (
@@ -105,8 +106,19 @@ def test_sp2_fit_matches_one_process(
     )
     loss.backward()
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
-    assert abs(losses[0] - float(loss)) <= 1e-4
-    assert abs(grad_norms[0] - float(grad_norm)) <= 1e-4 * float(grad_norm)
+    # Two sequence-parallel ranks vs one process: the same values up to reordered reductions.
+    # The loss is a mean of -A r terms (|A| <= max |A|, r ~ 1 at step 0) that largely cancel,
+    # so its rounding scales with max |A|, not with the (small) result; the gradient norm with
+    # itself. A rank counting its tokens twice or missing a slice is off by >= 1/2 of either.
+    why = "2 sequence-parallel ranks vs one process"
+    assert_float32_close(
+        losses[0],
+        float(loss),
+        ulps=GRADIENT_ULPS,
+        scale=float(rollout.advantages.abs().max()),
+        reason=f"loss, {why}",
+    )
+    assert_float32_close(grad_norms[0], float(grad_norm), ulps=GRADIENT_ULPS, reason=f"grad norm, {why}")
 
 
 @pytest.mark.parametrize(
@@ -172,7 +184,7 @@ def test_sp2_runs_under_torchrun(tiny_model_dir: Path, synth_dir: Path, tmp_path
     result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     assert len(logged(run_dir, "train/loss")) == 2
-    assert max(logged(run_dir, "rollout/logprob_diff_max")) < 1e-3
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
 
 
 def test_validation_under_sequence_parallelism_counts_each_question_once(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from scoring_helpers import video_scoring_rows
+from tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from models.loading import load_model
 from models.logprobs import ScoringBatch, completion_logprobs, prompt_groups
@@ -54,14 +55,21 @@ def test_shared_prompt_scoring_equals_whole_rows(
     shared, shared_entropy, shared_grads = scores_and_gradients(model, scoring, videos, share=True)
     valid = scoring.completion_mask.bool()
     assert int(valid.sum()) == 25 and whole[valid].abs().min() > 0
-    torch.testing.assert_close(shared, whole, atol=1e-5, rtol=0)
-    torch.testing.assert_close(shared_entropy, whole_entropy, atol=1e-5, rtol=0)
+    # Sharing a prompt pass reorders the batch's reductions, nothing else: float32 bars scaled
+    # to the values (FORWARD_ULPS, GRADIENT_ULPS say why); a row scored against another row's
+    # prompt or positions is off by >= 1e-2, thousands of bars.
+    why = "one prompt pass shared by its rows vs every row whole"
+    assert_float32_close(shared, whole, ulps=FORWARD_ULPS, reason=f"log-probs, {why}")
+    assert_float32_close(shared_entropy, whole_entropy, ulps=FORWARD_ULPS, reason=f"entropy, {why}")
     assert whole_grads.keys() == shared_grads.keys() and "video0" in whole_grads
     for name, gradient in whole_grads.items():
-        scale = gradient.abs().max().clamp(min=1e-12)
-        assert (shared_grads[name] - gradient).abs().max() / scale < 1e-4, name
+        assert_float32_close(
+            shared_grads[name], gradient, ulps=GRADIENT_ULPS, reason=f"{name} gradient, {why}"
+        )
     # And both equal scoring each row on its own (no batching or padding effects).
     with torch.no_grad():
         for row in range(len(scoring.prompt_lengths)):
             alone = completion_logprobs(model, scoring.select([row]), [videos[row]])
-            torch.testing.assert_close(alone[0], whole[row], atol=1e-5, rtol=0)
+            assert_float32_close(
+                alone[0], whole[row], ulps=FORWARD_ULPS, reason=f"row {row} alone vs in the batch"
+            )

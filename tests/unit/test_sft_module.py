@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoProcessor
 
 from datamodules.collate import VideoQACollator
@@ -35,7 +36,11 @@ def test_loss_is_the_mean_over_assistant_tokens(tiny_model_dir: Path, batch: dic
             if label != -100:
                 terms.append(-torch.log_softmax(logits[i, t - 1], dim=-1)[label])
     assert len(terms) == int((batch["labels"] != -100).sum())
-    torch.testing.assert_close(loss, torch.stack(terms).mean())
+    # The same logits (same module, same batch) reduced two ways: the loss's fused log-softmax
+    # and token mean vs a log_softmax per position and a stacked mean. Each reorders a
+    # reduction over 1024 logits and one over the labelled tokens: a few ulps of the loss (~7);
+    # 64 ulps bound it, and a token off by one position changes the loss by >= 1e-2.
+    assert_float32_close(loss, torch.stack(terms).mean(), ulps=64, reason="module loss vs hand token mean")
 
 
 def test_frozen_vision_and_gradient_checkpointing(tiny_model_dir: Path, batch: dict) -> None:
@@ -105,4 +110,9 @@ def test_sft_forward_scores_like_the_rl_scorer(tiny_model_dir: Path, batch: dict
     for row, (prompt, target) in enumerate(zip(prompts, targets, strict=True)):
         sft = torch.log_softmax(logits[row, len(prompt) - 1 : len(prompt) - 1 + len(target)], dim=-1)
         sft = sft.gather(-1, torch.tensor(target).unsqueeze(-1)).squeeze(-1)
-        torch.testing.assert_close(scored[row, : len(target)], sft, atol=1e-5, rtol=1e-5)
+        assert_float32_close(
+            scored[row, : len(target)],
+            sft,
+            ulps=FORWARD_ULPS,
+            reason=f"row {row}: RL scorer vs SFT teacher forcing",
+        )
