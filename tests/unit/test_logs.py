@@ -7,26 +7,11 @@ import io
 import logging
 import warnings
 
-import pytest
+from log_state import restored_loggers  # noqa: F401  (fixture)
 
-from app.logs import LOG_FILE_NAME, install_run_logging, uninstall_run_logging
+from app.logs import LOG_FILE_NAME, install_run_logging
 
 THREADS = "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding, skip it."
-
-
-@pytest.fixture
-def restored_loggers(monkeypatch):
-    """Put the library loggers back as they were: other tests in this process start vLLM engines."""
-    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)  # restored by monkeypatch
-    names = ("", "vllm", "transformers", "lightning.pytorch", "lightning.fabric")
-    loggers = {name: logging.getLogger(name) for name in names}
-    saved = {name: (list(lg.handlers), lg.propagate, lg.level) for name, lg in loggers.items()}
-    yield
-    uninstall_run_logging()
-    for name, (handlers, propagate, level) in saved.items():
-        logger = logging.getLogger(name)
-        logger.handlers[:] = handlers
-        logger.propagate, logger.level = propagate, level
 
 
 def _flush() -> None:
@@ -34,7 +19,7 @@ def _flush() -> None:
         handler.flush()
 
 
-def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_loggers) -> None:
+def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_loggers) -> None:  # noqa: F811
     from vllm.config.logging import LoggingConfig
     from vllm.logger import configure_logging, init_logger
 
@@ -75,7 +60,7 @@ def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_log
     assert written.count("a library deprecation") >= 1
 
 
-def test_install_twice_moves_the_file(tmp_path, restored_loggers) -> None:
+def test_install_twice_moves_the_file(tmp_path, restored_loggers) -> None:  # noqa: F811
     console = io.StringIO()
     install_run_logging(tmp_path / "first", console=console)
     second = install_run_logging(tmp_path / "second", console=console)
