@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
 
+from lightning.pytorch.utilities import rank_zero_only
+
 LOG_FILE_NAME = "lvrl.log"
 OWN_PACKAGES = ("app", "callbacks", "datamodules", "models", "rewards", "rollout", "parallel", "__main__")
 """Loggers of lvrl itself: their warnings are about a named sample or step, never deduplicated."""
-LIBRARY_LOGGERS = ("vllm", "transformers")
-"""Libraries with their own console handler, re-routed through the root logger."""
+LIBRARY_LOGGERS = ("vllm", "transformers", "torch")
+"""Libraries with their own console handlers (on the logger or, for torch, its children), re-routed
+through the root logger."""
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
 _ORIGINAL_SHOWWARNING = warnings.showwarning
 
@@ -35,8 +39,9 @@ KNOWN_REPEATS = {
         "warns on every later call (data loader workers, torch internals)"
     ),
     "Failed to load weights": (
-        "harmless here: vLLM logs it on every weight push for a layer that takes no tensor from "
-        "the pushed state dict; the trainer/engine agreement is logged as rollout/logprob_diff_max"
+        "harmless here: vLLM logs it on every weight push for each layer the pushed state dict has "
+        "no tensor for (rotary embeddings, FusedMMInputNorm); the trainer/engine agreement is "
+        "checked every step as rollout/logprob_diff_max"
     ),
 }
 
@@ -74,7 +79,7 @@ class FirstOccurrenceFilter(logging.Filter):
 
 
 class ConsoleFormatter(logging.Formatter):
-    """``WARNING vllm.x: message``; a library's line says where its repeats go."""
+    """``WARNING vllm.x: message``; a known flood says what it means and where its repeats go."""
 
     def __init__(self, log_file: Path) -> None:
         super().__init__("%(levelname)s %(name)s: %(message)s")
@@ -82,11 +87,18 @@ class ConsoleFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        if _is_own(record):
-            return text
-        note = next((why for message, why in KNOWN_REPEATS.items() if message in str(record.msg)), None)
-        where = f"repeats go to {self.log_file} only"
-        return f"{text}\n  ({note}; {where})" if note else f"{text}  [{where}]"
+        note = (
+            None
+            if _is_own(record)
+            else next((why for message, why in KNOWN_REPEATS.items() if message in str(record.msg)), None)
+        )
+        return f"{text}\n  ({note}; repeats go to {self.log_file} only)" if note else text
+
+
+def _shape(text: str) -> str:
+    """A warning's text with quoted names and numbers blanked: Lightning warns once per metric
+    name (``self.log('val/loss', ...)``, ``self.log('val/accuracy', ...)``), one message in fact."""
+    return re.sub(r"'[^']*'|`[^`]*`|\d+(\.\d+)?", "_", text)
 
 
 def _show_warning(
@@ -98,15 +110,26 @@ def _show_warning(
     line: str | None = None,
 ) -> None:
     """``warnings.showwarning`` replacement: a Python warning becomes a record of ``py.warnings``
-    keyed by its category and text (not its call site), so a text seen before stays in the file."""
+    keyed by its category and text shape (not its call site): a shape seen before stays in the file."""
     logging.getLogger("py.warnings").warning(
         "%s: %s (%s:%d)",
         category.__name__,
         message,
         filename,
         lineno,
-        extra={"dedupe_key": (category.__name__, str(message))},
+        extra={"dedupe_key": (category.__name__, _shape(str(message)))},
     )
+
+
+def library_loggers() -> list[logging.Logger]:
+    """The loggers :func:`install_run_logging` re-routes: vLLM's, transformers', torch's and those
+    of torch's children that have a handler of their own (``torch._dynamo``, ...)."""
+    loggers = [logging.getLogger(name) for name in LIBRARY_LOGGERS]
+    for name, logger in logging.root.manager.loggerDict.items():
+        own_output = isinstance(logger, logging.Logger) and (logger.handlers or not logger.propagate)
+        if name.startswith("torch.") and own_output:
+            loggers.append(logger)
+    return loggers
 
 
 def install_run_logging(run_dir: str | Path, console: TextIO | None = None) -> Path:
@@ -137,9 +160,8 @@ def install_run_logging(run_dir: str | Path, console: TextIO | None = None) -> P
         root.addHandler(handler)
     root.setLevel(logging.INFO)
 
-    for name in LIBRARY_LOGGERS:
-        library = logging.getLogger(name)
-        for handler in list(library.handlers):  # an already imported vLLM's or transformers' own
+    for library in library_loggers():  # each library's own console handler goes
+        for handler in list(library.handlers):
             library.removeHandler(handler)
         library.propagate = True
     logging.getLogger("vllm").setLevel(logging.INFO)  # its per-step INFO belongs in the file
@@ -151,6 +173,15 @@ def install_run_logging(run_dir: str | Path, console: TextIO | None = None) -> P
         if not lightning.propagate:  # Lightning keeps its console handler; the file gets a copy
             lightning.addHandler(file_handler)
     warnings.showwarning = _show_warning
+    if not console_handler.stream.isatty():  # no \r-redrawn "Loading weights" bars in a log file
+        import transformers.utils.logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    if rank_zero_only.rank == 0:
+        console_handler.stream.write(
+            f"lvrl: library messages (vLLM, transformers, torch, Python warnings) go to {log_file}; "
+            "each distinct warning is shown here once\n"
+        )
     return log_file
 
 

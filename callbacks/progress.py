@@ -179,7 +179,8 @@ class ProgressLines(Callback):
         if self._train is not None and trainer.state.fn == TrainerFn.FITTING:
             self._train.pause(elapsed)  # validation inside fit is not part of the seconds per step
         if self.enabled:
-            self._print(f"{name} done: {self._eval_batches} batches in {format_duration(elapsed)}")
+            batches = f"{self._eval_batches} batch{'es' * (self._eval_batches != 1)}"
+            self._print(f"{name} done: {batches} in {format_duration(elapsed)}")
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._eval_start(trainer)

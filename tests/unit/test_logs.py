@@ -42,15 +42,25 @@ def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_log
     for _ in range(3):
         warnings.warn("a library deprecation", UserWarning, stacklevel=1)
         warnings.warn("a library deprecation", UserWarning, stacklevel=1)  # another call site
+    for metric in ("val/loss", "val/accuracy"):  # one message, two metric names (Lightning's)
+        warnings.warn(f"It is recommended to use `self.log({metric!r}, ..., sync_dist=True)`", stacklevel=1)
+    torch_logger = logging.getLogger("torch._dynamo")  # torch's own handler is re-routed too
+    torch_logger.warning("recompiling %s", "f")
+    torch_logger.warning("recompiling %s", "g")
     _flush()
 
     shown = console.getvalue()
     assert shown.count("doesn't allow to use `torch.set_num_threads`") == 1, shown
     assert shown.count("Failed to load weights") == 1
     assert "harmless" in shown and f"repeats go to {log_file} only" in shown
-    assert "step " not in shown  # INFO stays in the file
+    assert shown.startswith(
+        f"lvrl: library messages (vLLM, transformers, torch, Python warnings) go to {log_file}"
+    )
+    assert "prompts, 512 tokens" not in shown  # INFO stays in the file
     assert [f"'{k}'" in shown for k in "abc"] == [True] * 3
     assert shown.count("a library deprecation") == 1
+    assert shown.count("It is recommended to use") == 1 and "'val/loss'" in shown
+    assert shown.count("recompiling") == 1
 
     written = log_file.read_text()
     assert written.count("doesn't allow to use `torch.set_num_threads`") == 100
@@ -58,13 +68,15 @@ def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_log
     assert written.count(": 64 prompts, 512 tokens") == 100
     assert written.count("skipping sample") == 3
     assert written.count("a library deprecation") >= 1
+    assert "'val/accuracy'" in written and written.count("recompiling") == 2
 
 
 def test_install_twice_moves_the_file(tmp_path, restored_loggers) -> None:  # noqa: F811
     console = io.StringIO()
     install_run_logging(tmp_path / "first", console=console)
     second = install_run_logging(tmp_path / "second", console=console)
-    logging.getLogger("vllm.x").warning("once")
+    logging.getLogger("vllm.x").warning("a message")
     _flush()
-    assert console.getvalue().count("once") == 1  # one console handler, not two
-    assert "once" in second.read_text() and "once" not in (tmp_path / "first" / LOG_FILE_NAME).read_text()
+    assert console.getvalue().count("a message") == 1  # one console handler, not two
+    assert "a message" in second.read_text()
+    assert "a message" not in (tmp_path / "first" / LOG_FILE_NAME).read_text()
