@@ -104,5 +104,5 @@ def test_a_short_fit_reads_well_in_a_file(
     assert not [w for w in caught if "args parameter" in str(w.message)]
     out = capsys.readouterr().out
     assert "train step 2/2 (100%)  loss " in out and "ETA 0s" in out, out[-2000:]
-    assert "validate done: 1 batches in" in out
+    assert "validate done: 1 batch in" in out
     assert (run_dir / "lvrl.log").is_file()
