@@ -43,6 +43,9 @@ class LvrlCLI(LightningCLI):
     - ``${trainer.default_root_dir}`` inside any string of the config (logger ``save_dir``,
       callback ``dirpath``) is replaced by the run folder, so one ``--trainer.default_root_dir``
       moves a whole run (checkpoints, CSV metrics, wandb files, HF export).
+    - Once the config is checked, library logging goes to ``RUN_DIR/lvrl.log`` (:mod:`app.logs`).
+    - The parser (:class:`app.cli_parser.LvrlArgumentParser`) answers a mistyped key with its close
+      matches, and ``--help`` with ``--config`` lists the selected classes' arguments.
     """
 
     def __init__(self, *args: Any, help_classes: dict[str, str] | None = None, **kwargs: Any) -> None:

@@ -20,12 +20,17 @@ def _flush() -> None:
 
 
 def test_repeated_library_messages_reach_the_console_once(tmp_path, restored_loggers) -> None:  # noqa: F811
+    import vllm.envs as vllm_envs
     from vllm.config.logging import LoggingConfig
     from vllm.logger import configure_logging, init_logger
 
     console = io.StringIO()
     log_file = install_run_logging(tmp_path / "run", console=console)
     assert log_file == tmp_path / "run" / LOG_FILE_NAME
+    if hasattr(vllm_envs.__getattr__, "cache_clear"):
+        # An engine started earlier in this test process froze vLLM's environment variables; an
+        # `lvrl` process installs its logging before its first engine, which then reads them.
+        vllm_envs.__getattr__.cache_clear()
     configure_logging(LoggingConfig())  # what `LLM(...)` runs when the rollout engine starts
     assert not logging.getLogger("vllm").handlers  # vLLM left its stdout handler out
 
