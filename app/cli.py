@@ -9,12 +9,37 @@ building, export, plots and tables of finished runs).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
 
 # Tool groups and the modules that implement them, imported only when used (start-up stays fast).
 TOOL_GROUPS = {"data": "app.commands.data", "model": "app.commands.model", "report": "app.commands.report"}
+
+# Every subcommand with one line, for `lvrl --help` (LightningCLI's own help lists only its four).
+COMMANDS = {
+    "fit": "train: CoT-SFT or GRPO (lvrl fit --config configs/demo/sft.yaml)",
+    "validate": "evaluate a model on the validation shards (accuracy table, predictions)",
+    "test": "Lightning's test loop (lvrl's modules evaluate with validate: --data.val_shards)",
+    "predict": "Lightning's predict loop (likewise: use validate, which writes every prediction)",
+    "data": "data synth: the demo's synthetic task; data build: shards from a JSONL file and videos",
+    "model": "model build: a Qwen2.5-VL model from a preset; model export: a checkpoint as an HF directory",
+    "report": "report compare: accuracy of evaluations side by side; report curve: plots of logged metrics",
+}
+
+
+def overview() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: lvrl COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in COMMANDS.items()]
+    lines += [
+        "",
+        "`lvrl COMMAND --help` describes a command; `lvrl fit --config FILE --help` also lists the",
+        "arguments of the model and data classes that FILE selects. Runs write progress lines to",
+        'stdout and library messages to RUN_DIR/lvrl.log (README, "The command line").',
+    ]
+    return "\n".join(lines)
 
 
 def run_tool(argv: Sequence[str]) -> None:
@@ -32,10 +57,19 @@ def run_tool(argv: Sequence[str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in TOOL_GROUPS:
-        run_tool(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in TOOL_GROUPS:
+        run_tool(given)
         return
+    if not given or given[0] in ("-h", "--help"):
+        print(overview())
+        sys.exit(0 if given else 2)
+    if given[0] not in COMMANDS:
+        close = difflib.get_close_matches(given[0], list(COMMANDS), n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"lvrl: unknown command {given[0]!r}{guess}", file=sys.stderr)
+        print("  (`lvrl --help` lists the commands)", file=sys.stderr)
+        sys.exit(2)
     from app.lightning_cli import run_lightning_cli  # imported late: Lightning is slow to import
 
-    run_lightning_cli(argv)
+    run_lightning_cli(None if argv is None else given)

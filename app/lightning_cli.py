@@ -11,6 +11,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from app.cli_parser import HELP_FLAGS, LvrlArgumentParser, selected_classes
+from app.logs import install_run_logging
 from app.validation import ConfigError, validate_config
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.failures import SafeStop
@@ -41,7 +43,19 @@ class LvrlCLI(LightningCLI):
     - ``${trainer.default_root_dir}`` inside any string of the config (logger ``save_dir``,
       callback ``dirpath``) is replaced by the run folder, so one ``--trainer.default_root_dir``
       moves a whole run (checkpoints, CSV metrics, wandb files, HF export).
+    - Once the config is checked, library logging goes to ``RUN_DIR/lvrl.log`` (:mod:`app.logs`).
+    - The parser (:class:`app.cli_parser.LvrlArgumentParser`) answers a mistyped key with its close
+      matches, and ``--help`` with ``--config`` lists the selected classes' arguments.
     """
+
+    def __init__(self, *args: Any, help_classes: dict[str, str] | None = None, **kwargs: Any) -> None:
+        self.help_classes = help_classes or {}
+        super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LvrlArgumentParser:
+        parser = super().init_parser(**kwargs)
+        parser.selected = self.help_classes  # `--help` goes on with these classes' arguments
+        return parser
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.link_arguments("model.init_args.model_path", "data.init_args.processor_path")
@@ -56,6 +70,8 @@ class LvrlCLI(LightningCLI):
         except ConfigError as error:
             print(f"lvrl {self.subcommand}: {error}", file=sys.stderr)
             sys.exit(2)
+        # From here on library chatter goes to RUN_DIR/lvrl.log, each distinct warning once on screen.
+        install_run_logging(run_dir)
 
     def before_fit(self) -> None:
         # Lightning's own error for this names neither the module nor the replacement setting.
@@ -72,7 +88,10 @@ STOPPED_BY_SIGNAL_EXIT_CODE = 143
 so that a job scheduler can tell a pre-empted run, to be resumed, from a finished one."""
 
 
-def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
+def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
+    """``lvrl fit|validate|test|predict``; ``argv`` None reads ``sys.argv`` (the command line)."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    wants_help = any(flag in given for flag in HELP_FLAGS)
     try:
         return LvrlCLI(
             VLMModule,
@@ -80,7 +99,11 @@ def run_lightning_cli(argv: Sequence[str]) -> LvrlCLI:
             subclass_mode_model=True,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
-            args=list(argv),
+            # None: LightningCLI reads sys.argv itself (and warns when given both).
+            args=None if argv is None else list(argv),
+            parser_class=LvrlArgumentParser,
+            parser_kwargs={"prog": "lvrl"},
+            help_classes=selected_classes(given) if wants_help else None,
             auto_configure_optimizers=False,
         )
     except SafeStop as stop:

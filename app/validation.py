@@ -23,6 +23,8 @@ from rewards.registry import SAMPLE_FIELDS, available_rewards, get_reward
 ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
 SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+SFT_CONFIG = "configs/demo/sft.yaml"
+SFT_EXPORT = "runs/demo/sft/hf"
 
 
 class ConfigError(ValueError):
@@ -48,11 +50,28 @@ def _world_size(trainer: dict[str, Any]) -> int | None:
     return None  # "auto", -1: known only once the accelerator is
 
 
-def _check_model(model: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+def _is_rl(trainer: dict[str, Any], model: dict[str, Any]) -> bool:
+    callbacks = trainer.get("callbacks") or []
+    return _class_path(model).endswith("GRPOModule") or any(
+        _class_path(c) == ROLLOUT_CALLBACK for c in callbacks
+    )
+
+
+def _check_model(model: dict[str, Any], problems: list[str], rl: bool = False) -> dict[str, Any] | None:
     args = _init_args(model)
     path = args.get("model_path")
     if not path:
         problems.append("model.init_args.model_path is not set")
+        return None
+    directory = Path(path).expanduser()
+    if rl and not (directory / "config.json").is_file():
+        # RL starts from a trained policy: a freshly built random model is not what is missing.
+        state = "does not exist" if not directory.exists() else "has no config.json"
+        problems.append(
+            f"model.init_args.model_path: {directory} {state}; GRPO starts from a CoT-SFT export "
+            f"(the `hf/` folder of an SFT run): run `lvrl fit --config {SFT_CONFIG}` and set "
+            f"model_path to its export ({SFT_EXPORT}), or to your own SFT model's HF directory"
+        )
         return None
     try:
         directory = model_directory(path)
@@ -177,7 +196,7 @@ def validate_config(subcommand: str, config: dict[str, Any]) -> None:
     problems: list[str] = []
     trainer = config.get("trainer") or {}
     model = config.get("model") or {}
-    model_config = _check_model(model, problems)
+    model_config = _check_model(model, problems, rl=subcommand == "fit" and _is_rl(trainer, model))
     _check_shards(config.get("data") or {}, subcommand, problems)
     _check_parallel(trainer, model_config, problems)
     if subcommand == "fit":

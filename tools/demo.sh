@@ -47,4 +47,5 @@ echo "== held-out accuracy (greedy answers, validation + test splits)"
 "$lvrl" report curve --run "$run_dir/grpo" --metric reward/total_mean --metric rollout/accuracy \
   --smooth 20 --out "$run_dir/grpo_reward.png"
 end=$(date +%s)
+echo "library messages of each stage (vLLM, transformers, warnings): $run_dir/*/lvrl.log"
 echo "demo finished in $((end - start)) s (SFT + eval $((sft_done - start)) s, GRPO + eval $((end - sft_done)) s)"

@@ -31,3 +31,8 @@ def test_config_parses(config) -> None:
     assert printed["data"]["class_path"]
     # processor_path is linked to model_path, so it is derived, not a setting of its own.
     assert "processor_path" not in printed["data"]["init_args"]
+    # Progress shows in a terminal (a step-counting bar) and in a log file (lines).
+    callbacks = [c["class_path"] for c in printed["trainer"]["callbacks"]]
+    assert {"callbacks.progress.StepProgressBar", "callbacks.progress.ProgressLines"} <= set(callbacks)
+    # No warning before the output, on any command (LightningCLI's "args parameter" one was).
+    assert "Warning" not in result.stderr and "args parameter" not in result.stderr, result.stderr[-2000:]
