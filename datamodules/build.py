@@ -37,10 +37,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from datamodules.ingest import locate_video, sample_key
 from datamodules.jsonl_rows import Line, decode_line, read_lines
+from datamodules.progress import progress_bar
 from datamodules.released import (
     DUPLICATE_ID,
     MISSING_VIDEO,
@@ -408,12 +407,12 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
         state.save(current_line, pending, path)
 
     items = (item for item in read_rows(settings, state.next_line) if item.line >= state.next_line)
-    bar = tqdm(
+    bar = progress_bar(
         total=_count_rows(settings),
         initial=_count_rows(settings, before_line=state.next_line),
         desc=f"build {settings.split}",
         unit="row",
-        disable=not progress,
+        enabled=progress,
     )
     counts = Counter[str]()
     writer = ShardWriter(

@@ -19,7 +19,8 @@ from typing import Any
 
 import webdataset as wds
 from braceexpand import braceexpand
-from tqdm import tqdm
+
+from datamodules.progress import progress_bar
 
 MANIFEST_NAME = "dataset.json"
 _GLOB_CHARS = frozenset("*?[")
@@ -190,7 +191,8 @@ def write_shards(
         The paths of the written shards, in order.
     """
     with ShardWriter(out_dir, split, max_samples_per_shard=max_samples_per_shard) as writer:
-        for key, video, row in tqdm(samples, total=total, desc=split, unit="sample", disable=not progress):
+        samples = progress_bar(samples, total=total, desc=split, unit="sample", enabled=progress)
+        for key, video, row in samples:
             writer.write(key, video, row, video_extension)
     return writer.paths
 

@@ -15,8 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 from datamodules.build import (
     DEFAULT_MAX_VIDEO_SECONDS,
     SPLIT_NAME,
@@ -24,6 +22,7 @@ from datamodules.build import (
     BuildSettings,
     build_shards,
 )
+from datamodules.progress import progress_bar
 from datamodules.released import TextLimits
 from datamodules.shards import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
@@ -286,7 +285,7 @@ def _write_released(config: SynthConfig, counts: dict[str, int], out: Path, work
         path = out / f"{split}.jsonl"
         with path.open("w", encoding="utf-8") as jsonl:
             samples = encoded_samples(config, split, counts[split], workers=workers)
-            for key, video, row in tqdm(samples, total=counts[split], desc=split, unit="sample"):
+            for key, video, row in progress_bar(samples, total=counts[split], desc=split, unit="sample"):
                 (videos / f"{key}.mp4").write_bytes(video)
                 jsonl.write(json.dumps(released_row(row), ensure_ascii=False) + "\n")
         print(f"{split}: {counts[split]} rows -> {path} (videos in {videos})")
