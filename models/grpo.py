@@ -52,7 +52,10 @@ class RolloutBatch:
 class GRPOModule(VLMModule):
     """Policy optimisation with the GRPO family of losses.
 
-    Args (beyond :class:`~models.vlm_module.VLMModule`'s):
+    The arguments shared with :class:`~models.vlm_module.VLMModule` mean the same there (the
+    defaults differ: RL's learning rate, AdamW betas, a frozen vision tower).
+
+    Args:
         clip_low: lower clip of the importance ratio (1 - clip_low).
         clip_high: upper clip (1 + clip_high); above clip_low is DAPO's clip-higher.
         dual_clip: cap on the loss of negative-advantage tokens (e.g. 3.0); None disables it.
