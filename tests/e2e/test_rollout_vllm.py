@@ -76,6 +76,14 @@ def _trainer_logprobs(model, processor, result, video: VideoEmbedding) -> torch.
     return scored, batch.completion_mask
 
 
+def _padded_engine_logprobs(result, like: torch.Tensor) -> torch.Tensor:
+    """The engine's per-token log-probs of each completion, zero-padded to ``like``'s shape."""
+    padded = torch.zeros_like(like)
+    for i, completion in enumerate(result.completions):
+        padded[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    return padded
+
+
 def test_cached_embeddings_match_raw_frames(setup) -> None:
     from vllm import SamplingParams
 
@@ -108,9 +116,7 @@ def test_trainer_logprobs_match_engine(setup) -> None:
     assert len(result.completions) == 4
     assert len({tuple(c.token_ids) for c in result.completions}) > 1  # real sampling
     scored, mask = _trainer_logprobs(model, processor, result, request.video)
-    engine_logprobs = torch.zeros_like(scored)
-    for i, completion in enumerate(result.completions):
-        engine_logprobs[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    engine_logprobs = _padded_engine_logprobs(result, scored)
     valid = mask.bool()
     assert_float32_close(
         scored[valid],
@@ -133,9 +139,7 @@ def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
     (result,) = engine.generate([request], SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=5))
     new_scores, mask = _trainer_logprobs(new_model, processor, result, request.video)
     old_scores, _ = _trainer_logprobs(model, processor, result, request.video)
-    engine_logprobs = torch.zeros_like(new_scores)
-    for i, completion in enumerate(result.completions):
-        engine_logprobs[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    engine_logprobs = _padded_engine_logprobs(result, new_scores)
     valid = mask.bool()
     assert_float32_close(
         new_scores[valid],
