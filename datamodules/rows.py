@@ -13,9 +13,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-CATEGORIES: tuple[str, ...] = ("Temporal", "Goal and Purpose", "Spatial", "Plot")
-OPTION_LETTERS = "ABCDEFGHIJ"
-MULTIPLE_CHOICE = "multiple choice"
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+
+__all__ = ["CATEGORIES", "MULTIPLE_CHOICE", "OPTION_LETTERS", "MalformedRow", "QARow", "parse_row"]
 
 _ANSWER_TAG = re.compile(r"^\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 _KNOWN_FIELDS = {

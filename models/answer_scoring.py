@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from datamodules.rows import MULTIPLE_CHOICE
+from core.qa import MULTIPLE_CHOICE
 from models.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC
 from rewards.functions import NUMERICAL, answer_kind, numeric_accuracy_reward, parse_number
 from rewards.judge import JudgeClient

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torchmetrics import Metric
 
-from datamodules.rows import CATEGORIES, OPTION_LETTERS
+from core.qa import CATEGORIES, OPTION_LETTERS
 
 UNCATEGORISED = "Other"
 

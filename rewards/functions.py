@@ -23,7 +23,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
-from datamodules.rows import MULTIPLE_CHOICE, OPTION_LETTERS
+from core.qa import MULTIPLE_CHOICE, OPTION_LETTERS
 from rewards.parsing import extract_answer, follows_format, parse_choice
 from rewards.registry import register
 

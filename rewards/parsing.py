@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from datamodules.rows import OPTION_LETTERS
+from core.qa import OPTION_LETTERS
 
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
