@@ -11,26 +11,25 @@ copy, which a crash can leave half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
 with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. Training that stops with a
-:class:`~models.failures.SafeStop` (non-finite updates, a rollout engine that cannot be
+:class:`~core.failures.SafeStop` (non-finite updates, a rollout engine that cannot be
 restarted) also leaves a ``last.ckpt``.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
 from types import FrameType
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
-from models.failures import SafeStop
+from core.failures import SafeStop
+from core.rng import rng_states, set_rng_states
 from parallel.collectives import gather_from_all_ranks
 
 PARTIAL_MARKER = ".partial-"
@@ -69,31 +68,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(directory)
         finally:
             os.close(directory)
-
-
-def rng_states() -> dict[str, Any]:
-    """This process's Python, NumPy and torch (CPU, and CUDA when present) RNG states.
-
-    Plain lists, ints and tensors only, so that checkpoints load with ``weights_only=True``.
-    """
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class RunCheckpoint(ModelCheckpoint):

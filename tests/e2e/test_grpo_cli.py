@@ -56,13 +56,20 @@ def engine_gap_bar(model_dir: Path) -> float:
     return FORWARD_ULPS * EPS32 * 2 * math.log(vocab_size)
 
 
+ENGINES = {
+    "vllm": {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": {"max_model_len": 1024}},
+    "transformers": {"class_path": "rollout.hf_engine.TransformersEngine"},
+}
+"""The rollout engines by name, as a config's ``engine:`` entry."""
+
+
 def tiny_rollout_settings(source: str, engine: str = "vllm") -> dict:
     """A demo GRPO config with rollouts small enough for the tiny model: 4 completions of 8 tokens."""
     config = yaml.safe_load((REPO_ROOT / source).read_text())
     rollout = config["trainer"]["callbacks"][0]
     assert rollout["class_path"] == "callbacks.rl_rollout.RolloutCallback"
     rollout["init_args"].update(
-        engine=engine, num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
+        engine=ENGINES[engine], num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
     )
     return config
 
@@ -112,6 +119,7 @@ def test_vision_tower_runs_once_per_prompt_per_step(
     from callbacks.rl_rollout import RolloutCallback
     from models.grpo import GRPOModule
     from models.vision import vision_tower
+    from rollout.hf_engine import TransformersEngine
 
     calls = []
 
@@ -125,7 +133,7 @@ def test_vision_tower_runs_once_per_prompt_per_step(
 
     steps, prompts, generations = 2, 2, 4
     module = GRPOModule(str(tiny_model_dir), learning_rate=1e-3, kl_coef=0.01, max_new_tokens=8)
-    rollout = RolloutCallback(engine="transformers", num_generations=generations, max_new_tokens=8)
+    rollout = RolloutCallback(engine=TransformersEngine(), num_generations=generations, max_new_tokens=8)
     fit_tiny_grpo(
         module,
         tiny_model_dir,
@@ -146,6 +154,7 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     from callbacks.rl_rollout import RolloutCallback
     from models.grpo import GRPOModule
     from models.vision import vision_tower
+    from rollout.hf_engine import TransformersEngine
 
     calls, grads = [], []
 
@@ -162,8 +171,8 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     module = GRPOModule(
         str(tiny_model_dir), learning_rate=1e-3, freeze_vision=False, kl_coef=0.01, max_new_tokens=8
     )
-    rollout = RolloutCallback(engine="transformers", num_generations=2, max_new_tokens=8)
-    with caplog.at_level(logging.WARNING, logger="callbacks.rl_rollout"):
+    rollout = RolloutCallback(engine=TransformersEngine(), num_generations=2, max_new_tokens=8)
+    with caplog.at_level(logging.WARNING, logger="models.grpo"):
         fit_tiny_grpo(module, tiny_model_dir, synth_dir, tmp_path, steps=1, callbacks=[Watch(), rollout])
     assert "re-encodes" in caplog.text
     assert calls == [False, True]  # cached encoding without grad, then the policy pass with grad
