@@ -16,7 +16,12 @@ from models.vision import encode_videos
 
 
 def video_scoring_rows(
-    model_dir: Path, synth_dir: Path, which: list[int], completion_lengths: list[int], seed: int = 0
+    model_dir: Path,
+    synth_dir: Path,
+    which: list[int],
+    completion_lengths: list[int],
+    seed: int = 0,
+    length_multiple: int = 1,
 ) -> tuple[ScoringBatch, list[torch.Tensor]]:
     """Rows ``prompt[which[i]] + random completion of completion_lengths[i]`` over two val videos.
 
@@ -34,7 +39,8 @@ def video_scoring_rows(
     assert len(prompts[0]) != len(prompts[1])
     generator = torch.Generator().manual_seed(seed)
     completions = [torch.randint(20, 300, (n,), generator=generator).tolist() for n in completion_lengths]
+    pad = processor.tokenizer.pad_token_id
     scoring = ScoringBatch.from_layouts(
-        prompts, completions, which, pad_token_id=processor.tokenizer.pad_token_id
+        prompts, completions, which, pad_token_id=pad, length_multiple=length_multiple
     )
     return scoring, [v.clone().requires_grad_(True) for v in videos]

@@ -21,10 +21,11 @@ from test_grpo_cli import engine_gap_bar, tiny_rollout_settings
 from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
 from tolerances import GRADIENT_ULPS, assert_float32_close
 
-from models.grpo import RolloutBatch, loss_normalizers
+from models.grpo import loss_normalizers
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.rl.losses import policy_loss
+from rollout.experience import RolloutBatch
 
 
 def free_port() -> int:
@@ -89,7 +90,7 @@ def test_sp2_fit_matches_one_process(
 
     # One process, the same batch: the GRPOModule loss (policy = reference at step 0, so KL is 0).
     model = load_model(tiny_model_dir).train()
-    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds)
+    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds())
     mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
     loss, _ = policy_loss(
         logprobs,
