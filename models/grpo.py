@@ -128,11 +128,6 @@ class GRPOModule(VLMModule):
     def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
         """Refuse experience settings this module cannot learn from; warn about wasteful ones."""
         problems = []
-        if settings.advantage in ("grpo", "dr_grpo", "rloo") and settings.group_size < 2:
-            problems.append(
-                f"num_generations={settings.group_size}: group-relative advantages need at least 2 "
-                "completions per prompt (with 1 every advantage is 0)"
-            )
         if engine.dtype is not None and engine.dtype != self.hparams.dtype:
             problems.append(
                 f"the engine samples in {engine.dtype} but the policy scores in {self.hparams.dtype}: the "
@@ -143,7 +138,9 @@ class GRPOModule(VLMModule):
             listed = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")
         if not self.hparams.freeze_vision:
-            log.warning("the vision tower is trainable: the policy pass re-encodes videos with grad each step")
+            log.warning(
+                "the vision tower is trainable: the policy pass re-encodes videos with grad each step"
+            )
         rows = self.hparams.micro_batch_rows
         if rows is not None and self.hparams.share_prompt_prefix and rows % settings.group_size:
             log.warning(

@@ -185,7 +185,7 @@ class VLMModule(L.LightningModule):
         )
 
     def position_ids(self, batch: dict[str, Any]) -> torch.Tensor:
-        """M-RoPE positions of the teacher-forcing layout, by the rule rollouts use (:mod:`core.positions`)."""
+        """M-RoPE positions of the teacher-forcing rows, by the rule of rollouts (:mod:`core.positions`)."""
         assert self.model is not None
         rule = PositionRule.of(self.model.config)
         return mrope_position_ids(

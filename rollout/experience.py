@@ -56,10 +56,9 @@ class ExperienceSettings:
     """Drop groups whose rewards are all equal (DAPO's dynamic sampling)."""
 
     def __post_init__(self) -> None:
-        if self.advantage not in ADVANTAGE_ESTIMATORS:
-            raise ValueError(
-                f"advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {self.advantage!r}"
-            )
+        problem = settings_problem(self.advantage, self.sampling.n)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def group_size(self) -> int:
@@ -69,6 +68,24 @@ class ExperienceSettings:
         """The sampling of one training step: a step-dependent seed (the same after a resume)."""
         seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * step
         return dataclasses.replace(self.sampling, seed=seed)
+
+
+def settings_problem(advantage: str, group_size: int) -> str | None:
+    """Why an advantage estimator and a group size cannot work together (None: they can).
+
+    >>> settings_problem("grpo", 1).split(":")[0]
+    'num_generations=1'
+    >>> settings_problem("rloo", 2) is None
+    True
+    """
+    if advantage not in ADVANTAGE_ESTIMATORS:
+        return f"advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {advantage!r}"
+    if group_size < 2:  # every estimator here is group-relative
+        return (
+            f"num_generations={group_size}: group-relative advantages need at least 2 completions "
+            "per prompt (with 1 every advantage is 0)"
+        )
+    return None
 
 
 @dataclass
