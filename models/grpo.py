@@ -42,10 +42,14 @@ log = logging.getLogger(__name__)
 class GRPOModule(VLMModule):
     """Policy optimisation with the GRPO family of losses.
 
-    The arguments shared with :class:`~models.vlm_module.VLMModule` mean the same there (the
-    defaults differ: RL's learning rate, AdamW betas, a frozen vision tower).
+    Every :class:`~models.vlm_module.VLMModule` argument is accepted and means the same there;
+    three of them take RL's defaults here.
 
     Args:
+        learning_rate: peak AdamW learning rate (RL's default, 1e-6).
+        betas: AdamW betas (RL's default, (0.9, 0.999)).
+        freeze_vision: keep the vision tower's weights fixed (the default in RL: the cached
+            encoding then serves every pass).
         clip_low: lower clip of the importance ratio (1 - clip_low).
         clip_high: upper clip (1 + clip_high); above clip_low is DAPO's clip-higher.
         dual_clip: cap on the loss of negative-advantage tokens (e.g. 3.0); None disables it.
@@ -69,18 +73,8 @@ class GRPOModule(VLMModule):
         self,
         model_path: str,
         learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        lr_schedule: str = "constant",
         freeze_vision: bool = True,
-        gradient_checkpointing: bool = False,
-        max_new_tokens: int = 256,
-        val_samples: int = 0,
-        val_temperature: float = 1.0,
-        max_consecutive_nonfinite: int = 5,
-        dtype: str = "float32",
-        attn_implementation: str | None = None,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         dual_clip: float | None = 3.0,
@@ -92,24 +86,11 @@ class GRPOModule(VLMModule):
         micro_batch_rows: int | None = None,
         max_grad_norm: float | None = 1.0,
         share_prompt_prefix: bool = True,
-        val_judge: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
+        # RL's own defaults for three shared settings; every other VLMModule argument passes through.
         super().__init__(
-            model_path,
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            betas=betas,
-            warmup_steps=warmup_steps,
-            lr_schedule=lr_schedule,
-            freeze_vision=freeze_vision,
-            gradient_checkpointing=gradient_checkpointing,
-            max_new_tokens=max_new_tokens,
-            val_samples=val_samples,
-            val_temperature=val_temperature,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            val_judge=val_judge,
+            model_path, learning_rate=learning_rate, betas=betas, freeze_vision=freeze_vision, **kwargs
         )
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
