@@ -9,7 +9,7 @@ the build. Rows are checked in file order: the line's bytes and JSON
 (:func:`~datatools.released.normalise_released_row`), a repeated ``problem_id`` (the first
 occurrence wins), the video path (confined to the videos root: :func:`datatools.ingest.locate_video`),
 the video file (a supported container, decodable at ``probe_frames`` frames spread from the
-first to the last, not longer than ``max_video_seconds``: :func:`datamodules.video.probe_video`).
+first to the last, not longer than ``max_video_seconds``: :func:`datatools.video_probe.probe_video`).
 Probing runs in worker processes; shards are written in input order, so the output does not
 depend on the number of workers. Shard keys are a pure function of the id
 (:func:`datatools.ingest.sample_key`).
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from datamodules.rows import QARow
-from datamodules.video import DEFAULT_PROBE_FRAMES, VideoDecodeError, VideoInfo, VideoTooLong, probe_video
+from datamodules.video import VideoDecodeError, VideoInfo
 from datatools.ingest import locate_video, sample_key
 from datatools.jsonl_rows import Line, decode_line, read_lines
 from datatools.progress import progress_bar
@@ -53,6 +53,7 @@ from datatools.released import (
     normalise_released_row,
 )
 from datatools.shard_writer import MANIFEST_NAME, ShardWriter, split_entry
+from datatools.video_probe import DEFAULT_PROBE_FRAMES, VideoTooLong, probe_video
 
 ALL_REJECT_REASONS = REJECT_REASONS
 STATE_SUFFIX = "-build-state.json"

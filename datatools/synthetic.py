@@ -52,7 +52,7 @@ import numpy as np
 
 from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
 from datamodules.rows import QARow
-from datamodules.video import encode_mp4
+from datatools.video_encode import encode_mp4
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     # Far apart in RGB and far from the white square, so they survive yuv420 compression.

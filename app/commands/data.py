@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from datamodules.video import DEFAULT_PROBE_FRAMES
 from datatools.progress import progress_bar
 from datatools.released import TextLimits
 from datatools.released_build import (
@@ -27,6 +26,7 @@ from datatools.released_build import (
 )
 from datatools.shard_writer import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datatools.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
+from datatools.video_probe import DEFAULT_PROBE_FRAMES
 
 
 def _non_negative_int(text: str) -> int:
