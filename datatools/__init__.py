@@ -6,8 +6,11 @@
   :mod:`datatools.jsonl_rows` (reading JSONL lines as bytes) and :mod:`datatools.ingest`
   (shard keys, video paths).
 - :mod:`datatools.shard_writer`: writing shards and their ``dataset.json`` manifest.
+- :mod:`datatools.video_encode`: frames to video bytes; :mod:`datatools.video_probe`: checking a
+  video's headers and frames before it goes into a shard.
 - :mod:`datatools.progress`: progress bars that read well in a terminal and in a log file.
 
 Runtime code (the DataModule, shard reading, video decoding) lives in :mod:`datamodules`, which
-never imports this package; this package imports :mod:`datamodules` (row schema) and :mod:`core`.
+never imports this package; this package imports :mod:`datamodules` (the row schema, video
+decoding, the accepted video extensions) and :mod:`core`.
 """
