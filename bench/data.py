@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 from datamodules.collate import VideoQACollator
 from datamodules.rows import MULTIPLE_CHOICE, QARow
-from datamodules.shards import write_shards
 from datamodules.stream import VideoQAStream
-from datamodules.video import encode_video
+from datatools.shard_writer import write_shards
+from datatools.video_encode import encode_video
 
 MAX_PIXELS = 56 * 56  # the demo's per-frame budget: the step time is the small model's at it
 

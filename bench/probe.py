@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from data import hour_long_video  # bench/data.py
 
-from datamodules.video import encode_video, probe_video
+from datatools.video_encode import encode_video
+from datatools.video_probe import probe_video
 
 
 def short_video() -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from datamodules.prompts import chat_messages
-from datamodules.synthetic import SynthConfig, make_sample
+from datatools.synthetic import SynthConfig, make_sample
 
 
 def video_inputs(processor: Any, frames: int) -> tuple[str, Any]:

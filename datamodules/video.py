@@ -1,10 +1,11 @@
-"""Video bytes in and out with PyAV: encoding, probing, frame sampling, resizing to a pixel budget.
+"""Decoding video bytes with PyAV at run time: frame sampling, resizing to a pixel budget.
 
 Decoding keeps only the sampled frames, already resized, so host memory stays at
 ``num_frames x budget`` whatever the source resolution or length (host-RAM exhaustion is the
 most common failure of long-video training). Sampled frames are found by timestamp, and the
 decoder seeks (to the keyframe before a frame) whenever the next sampled frame is far ahead,
-so 64 frames of an hour-long video cost 64 short decodes, not 90,000 frames.
+so 64 frames of an hour-long video cost 64 short decodes, not 90,000 frames. Encoding and probing
+are offline tools (:mod:`datatools.video_encode`, :mod:`datatools.video_probe`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import io
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -100,48 +100,9 @@ def uniform_frame_indices(total_num_frames: int, num_frames: int) -> list[int]:
     return [int((i + 0.5) * total_num_frames / count) for i in range(count)]
 
 
-CONTAINER_CODECS: dict[str, str] = {"mp4": "libx264", "webm": "libvpx-vp9", "mkv": "libx264"}
-"""Default codec per container written by :func:`encode_video` (by file extension)."""
-_CONTAINER_FORMATS = {"mp4": "mp4", "webm": "webm", "mkv": "matroska"}
-
-
-def encode_video(frames: np.ndarray, fps: float, extension: str = "mp4", codec: str | None = None) -> bytes:
-    """Encode uint8 RGB frames ``(T, H, W, 3)`` into ``mp4``, ``webm`` or ``mkv`` bytes (H, W even).
-
-    The default codec per container is :data:`CONTAINER_CODECS`.
-    """
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"expected uint8 frames (T, H, W, 3), got {frames.dtype} {frames.shape}")
-    if extension not in _CONTAINER_FORMATS:
-        raise ValueError(f"unknown container {extension!r}; expected one of {tuple(_CONTAINER_FORMATS)}")
-    codec = codec or CONTAINER_CODECS[extension]
-    buffer = io.BytesIO()
-    with av.open(buffer, mode="w", format=_CONTAINER_FORMATS[extension]) as container:
-        stream = container.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        # One encoder thread: with several, libx264 output bytes vary from run to run, and the
-        # synthetic shards must be byte-identical for a given seed.
-        stream.codec_context.thread_count = 1
-        if codec == "libx264":
-            # Near-lossless and fast: the synthetic task's colours must survive compression.
-            stream.options = {"crf": "10", "preset": "veryfast"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
-
-
-def encode_mp4(frames: np.ndarray, fps: float, codec: str = "libx264") -> bytes:
-    """Encode uint8 RGB frames ``(T, H, W, 3)`` into mp4 bytes (H, W even for yuv420p)."""
-    return encode_video(frames, fps, "mp4", codec)
-
-
 @dataclass(frozen=True)
 class VideoInfo:
-    """What a video's headers say, checked by decoding (see :func:`probe_video`)."""
+    """What a video's headers say, checked by decoding (see :func:`datatools.video_probe.probe_video`)."""
 
     fps: float
     num_frames: int
@@ -166,7 +127,7 @@ _SEEK_MIN_GAP_FRAMES = 48
 
 
 @contextlib.contextmanager
-def _opened(source: bytes | str | Path) -> Iterator[av.container.InputContainer]:
+def open_container(source: bytes | str | Path) -> Iterator[av.container.InputContainer]:
     """The open container; any decoder failure inside the block becomes a :class:`VideoDecodeError`."""
     try:
         with av.open(io.BytesIO(source) if isinstance(source, bytes) else str(source)) as container:
@@ -177,7 +138,8 @@ def _opened(source: bytes | str | Path) -> Iterator[av.container.InputContainer]
         raise VideoDecodeError(f"cannot decode video: {err}") from err
 
 
-def _video_info(container: av.container.InputContainer) -> tuple[av.video.stream.VideoStream, VideoInfo]:
+def read_video_info(container: av.container.InputContainer) -> tuple[av.video.stream.VideoStream, VideoInfo]:
+    """The first video stream and what its headers say; :class:`VideoDecodeError` if they are unusable."""
     if not container.streams.video:
         raise VideoDecodeError("no video stream")
     stream = container.streams.video[0]
@@ -201,7 +163,7 @@ def _video_info(container: av.container.InputContainer) -> tuple[av.video.stream
     return stream, VideoInfo(fps, count, context.width, context.height, context.name, exact)
 
 
-def _frames_at(
+def frames_at(
     container: av.container.InputContainer,
     stream: av.video.stream.VideoStream,
     info: VideoInfo,
@@ -249,59 +211,6 @@ def _frames_at(
         yield index, current
 
 
-DEFAULT_PROBE_FRAMES = 16
-"""Frames :func:`probe_video` decodes by default: spread over the video, so a damaged middle is found."""
-
-
-class VideoTooLong(Exception):
-    """The video's headers announce more than the allowed duration (nothing was decoded)."""
-
-
-def probe_frame_indices(total_num_frames: int, count: int) -> list[int]:
-    """``count`` frame indices spread evenly from the first to the last frame (both included).
-
-    >>> probe_frame_indices(600, 4), probe_frame_indices(600, 2), probe_frame_indices(3, 16)
-    ([0, 200, 399, 599], [0, 599], [0, 1, 2])
-    """
-    last = total_num_frames - 1
-    if count <= 2 or last <= 0:
-        return sorted({0, max(last, 0)})
-    return sorted({round(i * last / (count - 1)) for i in range(count)})
-
-
-def probe_video(
-    source: bytes | str | Path, frames: int = DEFAULT_PROBE_FRAMES, *, max_seconds: float | None = None
-) -> VideoInfo:
-    """Read a video's headers and check that ``frames`` frames spread over it decode.
-
-    The first and the last frame are always among them (``frames`` 0, 1 or 2: only those).
-    Raises :class:`VideoDecodeError` for an unreadable, empty, truncated or damaged video,
-    naming the time where decoding failed, and :class:`VideoTooLong` (before decoding) when
-    the headers announce more than ``max_seconds``. Each probed frame costs a seek and a short
-    decode from the keyframe before it, whatever the video's length.
-    """
-    with _opened(source) as container:
-        stream, info = _video_info(container)
-        if max_seconds is not None and info.duration > max_seconds:
-            raise VideoTooLong(f"{info.duration:,.0f} s of video; at most {max_seconds:,.0f} s")
-        wanted = probe_frame_indices(info.num_frames, frames)
-        decoded = 0
-        try:
-            for _ in _frames_at(container, stream, info, wanted):
-                decoded += 1
-        except (VideoDecodeError, av.error.FFmpegError, OSError, ValueError, RuntimeError) as err:
-            target = wanted[decoded]
-            where = (
-                f"between {wanted[decoded - 1] / info.fps:.2f} s and {target / info.fps:.2f} s"
-                if decoded
-                else "at 0.00 s"
-            )
-            raise VideoDecodeError(
-                f"decoding fails {where} (on the way to frame {target} of {info.num_frames}): {err}"
-            ) from err
-    return info
-
-
 def sampled_frame_count(total_num_frames: int, fps: float, num_frames: int, sample_fps: float | None) -> int:
     """How many frames to sample: ``num_frames``, or ``sample_fps`` per second capped at ``num_frames``.
 
@@ -324,13 +233,13 @@ def decode_video(
     ``num_frames``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
     video (one that ends before a frame its header announces), never returns a partial result.
     """
-    with _opened(source) as container:
-        stream, info = _video_info(container)
+    with open_container(source) as container:
+        stream, info = read_video_info(container)
         count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
         indices = uniform_frame_indices(info.num_frames, count)
         height, width = fit_to_pixel_budget(info.height, info.width, max_pixels)
         decoded = {
             index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
-            for index, frame in _frames_at(container, stream, info, indices)
+            for index, frame in frames_at(container, stream, info, indices)
         }
     return SampledVideo(np.stack([decoded[i] for i in indices]), info.fps, info.num_frames, tuple(indices))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import webdataset as wds
 
-from datamodules.synthetic import SynthConfig, encode_sample
+from datatools.synthetic import SynthConfig, encode_sample
 
 BROKEN_KEYS = ("broken-truncated-video", "broken-json", "broken-row", "broken-no-video")
 

@@ -31,8 +31,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """24 train samples in 6 shards of 4, 8 val samples in 2 shards; 20 frames of 56x56 at 2 fps."""
-    from datamodules.shards import write_shards
-    from datamodules.synthetic import SynthConfig, encoded_samples
+    from datatools.shard_writer import write_shards
+    from datatools.synthetic import SynthConfig, encoded_samples
 
     out = tmp_path_factory.mktemp("synth")
     config = SynthConfig(num_frames=20, fps=2.0, size=56, seed=7)

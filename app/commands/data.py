@@ -1,7 +1,7 @@
 """Build datasets: WebDataset shards from the released LongVideo-Reason files, or the synthetic task.
 
 ``lvrl data build --jsonl train.jsonl --videos-root videos/ --out shards/ --split train``
-converts released rows (see :mod:`datamodules.build`); ``lvrl data synth --out data/synth``
+converts released rows (see :mod:`datatools.released_build`); ``lvrl data synth --out data/synth``
 writes ``train-*.tar``, ``val-*.tar``, ``test-*.tar`` of the synthetic task. Both write
 ``<key>.<video>`` + ``<key>.json`` per sample and a ``dataset.json`` manifest.
 """
@@ -15,18 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-from datamodules.build import (
+from datatools.progress import progress_bar
+from datatools.released import TextLimits
+from datatools.released_build import (
     DEFAULT_MAX_VIDEO_SECONDS,
     SPLIT_NAME,
     BuildError,
     BuildSettings,
     build_shards,
 )
-from datamodules.progress import progress_bar
-from datamodules.released import TextLimits
-from datamodules.shards import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
-from datamodules.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
-from datamodules.video import DEFAULT_PROBE_FRAMES
+from datatools.shard_writer import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
+from datatools.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
+from datatools.video_probe import DEFAULT_PROBE_FRAMES
 
 
 def _non_negative_int(text: str) -> int:

@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from test_sft_cli import run_cli, run_cli_expecting_failure
 
-from datamodules import build as build_module
-from datamodules.build import BuildError, BuildSettings, build_shards
 from datamodules.longvideo_reason import LongVideoReasonDataModule
-from datamodules.shards import resolve_shards, shard_name
+from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from datamodules.video import encode_video
+from datatools import released_build as build_module
+from datatools.released_build import BuildError, BuildSettings, build_shards
+from datatools.shard_writer import shard_name
+from datatools.video_encode import encode_video
 
 # Good rows: problem_id -> what the normalised row must hold.
 GOOD = {

@@ -19,12 +19,14 @@ import numpy as np
 import pytest
 
 from app.commands.data import register
-from datamodules import build as build_module
-from datamodules.build import BuildReport, BuildSettings, build_shards
-from datamodules.ingest import sample_key
-from datamodules.released import REJECT_REASONS, TextLimits
 from datamodules.shards import resolve_shards
-from datamodules.video import VideoDecodeError, decode_video, encode_video, probe_video
+from datamodules.video import VideoDecodeError, decode_video
+from datatools import released_build as build_module
+from datatools.ingest import sample_key
+from datatools.released import REJECT_REASONS, TextLimits
+from datatools.released_build import BuildReport, BuildSettings, build_shards
+from datatools.video_encode import encode_video
+from datatools.video_probe import probe_video
 
 SHARD = "shard"
 LIMITS = TextLimits()

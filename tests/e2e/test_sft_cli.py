@@ -15,7 +15,7 @@ from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
 from conftest import REPO_ROOT
 from tolerances import assert_identical
 
-from datamodules.synthetic import SynthConfig
+from datatools.synthetic import SynthConfig
 
 
 def _run(

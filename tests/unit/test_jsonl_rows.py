@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from datamodules.build import BuildSettings, Candidate, Reject, _count_rows, read_rows
-from datamodules.jsonl_rows import Line, decode_line, read_lines
-from datamodules.released import REJECT_REASONS, RowRejected, TextLimits
+from datatools.jsonl_rows import Line, decode_line, read_lines
+from datatools.released import REJECT_REASONS, RowRejected, TextLimits
+from datatools.released_build import BuildSettings, Candidate, Reject, _count_rows, read_rows
 
 _GOOD = {
     "problem_id": "q",

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from datamodules.released import RowRejected, TextLimits, normalise_released_row, split_embedded_options
+from datatools.released import RowRejected, TextLimits, normalise_released_row, split_embedded_options
 
 
 @pytest.mark.parametrize(

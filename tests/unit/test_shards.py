@@ -12,9 +12,10 @@ import webdataset as wds
 
 from app.commands import data as data_commands
 from datamodules.rows import CATEGORIES, parse_row
-from datamodules.shards import count_samples, resolve_shards, write_manifest, write_shards
-from datamodules.synthetic import SynthConfig, encoded_samples, make_row
+from datamodules.shards import resolve_shards
 from datamodules.video import decode_video
+from datatools.shard_writer import count_samples, write_manifest, write_shards
+from datatools.synthetic import SynthConfig, encoded_samples, make_row
 
 TINY = SynthConfig(num_frames=16, fps=2.0, size=28, min_scenes=2, max_scenes=3)
 

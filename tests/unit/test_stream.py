@@ -15,7 +15,7 @@ from datamodules.collate import TextTokenCounter
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from datamodules.shards import resolve_shards
 from datamodules.stream import SKIP_REASONS, SkipCounter, VideoQAStream, shards_for_rank
-from datamodules.synthetic import SynthConfig, encode_sample
+from datatools.synthetic import SynthConfig, encode_sample
 
 
 def test_broken_samples_are_skipped_named_and_counted(

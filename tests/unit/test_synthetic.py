@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from datamodules.rows import CATEGORIES, OPTION_LETTERS, QARow, parse_row
-from datamodules.synthetic import (
+from datamodules.video import decode_video
+from datatools.synthetic import (
     PALETTE,
     PLOT_OPTIONS,
     SQUARE_SIZES,
@@ -21,7 +22,6 @@ from datamodules.synthetic import (
     make_row,
     make_sample,
 )
-from datamodules.video import decode_video
 
 # Small enough to render and encode in milliseconds, long enough for 4 scenes of >= 3 frames.
 TINY = SynthConfig(num_frames=24, fps=2.0, size=56)

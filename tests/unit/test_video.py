@@ -11,12 +11,11 @@ from datamodules import video as video_module
 from datamodules.video import (
     VideoDecodeError,
     decode_video,
-    encode_mp4,
-    encode_video,
     fit_to_pixel_budget,
-    probe_video,
     uniform_frame_indices,
 )
+from datatools.video_encode import encode_mp4, encode_video
+from datatools.video_probe import probe_video
 
 
 def _ramp_video(num_frames: int = 40, height: int = 84, width: int = 112) -> np.ndarray:

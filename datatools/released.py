@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from datamodules.rows import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS, MalformedRow, QARow, parse_row
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from datamodules.rows import MalformedRow, QARow, parse_row
 
 # Reason codes of rows that are not written, in the order a row is checked.
 TOO_LONG = "too_long"

@@ -3,7 +3,7 @@
 ``lvrl data build`` must survive any file, so nothing here raises on the content of a line:
 :func:`read_lines` yields every row with its line number (reading at most ``max_line_bytes``
 of a line into memory), and :func:`decode_line` turns one into a JSON value or raises
-:class:`~datamodules.released.RowRejected` with a reason and a message.
+:class:`~datatools.released.RowRejected` with a reason and a message.
 
 What a row is: lines are separated by ``\\n`` (a ``\\r`` before it is JSON whitespace); a line
 holding only JSON whitespace (space, tab, ``\\r``) is blank and not a row; every other line is
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datamodules.released import MALFORMED, NOT_UTF8, TOO_LONG, RowRejected
+from datatools.released import MALFORMED, NOT_UTF8, TOO_LONG, RowRejected
 
 BOM = b"\xef\xbb\xbf"
 _JSON_WHITESPACE = b" \t\r"

@@ -24,14 +24,14 @@ import re
 import stat
 from pathlib import Path
 
-from datamodules.released import (
+from datamodules.stream import VIDEO_EXTENSIONS
+from datatools.released import (
     MISSING_VIDEO,
     OUTSIDE_ROOT,
     UNSUPPORTED_CONTAINER,
     VIDEO_TOO_LARGE,
     RowRejected,
 )
-from datamodules.stream import VIDEO_EXTENSIONS
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 KEY_PREFIX_CHARS = 64

@@ -8,7 +8,7 @@ square jitters by a pixel or two and the pixels carry a little noise, so no two 
 identical. Scene lengths are random, at least ``max(2, num_frames // 8)`` frames each.
 
 Every video comes with one four-option multiple-choice question whose category cycles
-through :data:`~datamodules.rows.CATEGORIES` by sample index (so the four are balanced).
+through :data:`~core.qa.CATEGORIES` by sample index (so the four are balanced).
 Each is answerable only by looking at particular frames:
 
 ========================  ====================================================================
@@ -50,8 +50,9 @@ from typing import Any
 
 import numpy as np
 
-from datamodules.rows import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS, QARow
-from datamodules.video import encode_mp4
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from datamodules.rows import QARow
+from datatools.video_encode import encode_mp4
 
 PALETTE: dict[str, tuple[int, int, int]] = {
     # Far apart in RGB and far from the white square, so they survive yuv420 compression.
@@ -370,7 +371,7 @@ def make_sample(config: SynthConfig, split: str, index: int) -> tuple[QARow, np.
 
 
 def encode_sample(config: SynthConfig, split: str, index: int) -> tuple[str, bytes, dict[str, Any]]:
-    """``(key, mp4 bytes, JSON row)``: one sample ready for :func:`datamodules.shards.write_shards`."""
+    """``(key, mp4 bytes, JSON row)``: one sample ready for :func:`datatools.shard_writer.write_shards`."""
     row, frames = make_sample(config, split, index)
     return row.problem_id, encode_mp4(frames, config.fps), row.to_json()
 

@@ -1,18 +1,18 @@
 """Building WebDataset shards from the released LongVideo-Reason JSONL and video files (``lvrl data build``).
 
 Every row of the JSONL file (every line holding more than JSON whitespace:
-:mod:`datamodules.jsonl_rows`) ends up in exactly one place: a shard (its original video bytes
+:mod:`datatools.jsonl_rows`) ends up in exactly one place: a shard (its original video bytes
 plus the normalised JSON with the probed duration and frame rate) or the rejects file
 ``{split}-rejects.jsonl`` (line, id, video, reason code, message). Nothing in a line can stop
 the build. Rows are checked in file order: the line's bytes and JSON
-(:func:`~datamodules.jsonl_rows.decode_line`), the row itself and its text lengths
-(:func:`~datamodules.released.normalise_released_row`), a repeated ``problem_id`` (the first
-occurrence wins), the video path (confined to the videos root: :func:`datamodules.ingest.locate_video`),
+(:func:`~datatools.jsonl_rows.decode_line`), the row itself and its text lengths
+(:func:`~datatools.released.normalise_released_row`), a repeated ``problem_id`` (the first
+occurrence wins), the video path (confined to the videos root: :func:`datatools.ingest.locate_video`),
 the video file (a supported container, decodable at ``probe_frames`` frames spread from the
-first to the last, not longer than ``max_video_seconds``: :func:`datamodules.video.probe_video`).
+first to the last, not longer than ``max_video_seconds``: :func:`datatools.video_probe.probe_video`).
 Probing runs in worker processes; shards are written in input order, so the output does not
 depend on the number of workers. Shard keys are a pure function of the id
-(:func:`datamodules.ingest.sample_key`).
+(:func:`datatools.ingest.sample_key`).
 
 A build is resumable: after each completed shard ``{split}-build-state.json`` records the
 first input line not yet in a complete shard; a re-run with the same inputs drops the
@@ -37,10 +37,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from datamodules.ingest import locate_video, sample_key
-from datamodules.jsonl_rows import Line, decode_line, read_lines
-from datamodules.progress import progress_bar
-from datamodules.released import (
+from datamodules.rows import QARow
+from datamodules.video import VideoDecodeError, VideoInfo
+from datatools.ingest import locate_video, sample_key
+from datatools.jsonl_rows import Line, decode_line, read_lines
+from datatools.progress import progress_bar
+from datatools.released import (
     DUPLICATE_ID,
     MISSING_VIDEO,
     REJECT_REASONS,
@@ -50,9 +52,8 @@ from datamodules.released import (
     TextLimits,
     normalise_released_row,
 )
-from datamodules.rows import QARow
-from datamodules.shards import MANIFEST_NAME, ShardWriter, split_entry
-from datamodules.video import DEFAULT_PROBE_FRAMES, VideoDecodeError, VideoInfo, VideoTooLong, probe_video
+from datatools.shard_writer import MANIFEST_NAME, ShardWriter, split_entry
+from datatools.video_probe import DEFAULT_PROBE_FRAMES, VideoTooLong, probe_video
 
 ALL_REJECT_REASONS = REJECT_REASONS
 STATE_SUFFIX = "-build-state.json"
