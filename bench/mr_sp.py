@@ -127,13 +127,7 @@ def rl_step_seconds(
     pixels, grid = inputs["pixel_values_videos"], inputs["video_grid_thw"]
     tokenizer = processor.tokenizer
     video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    layout = PromptLayout.build(
-        inputs["input_ids"][0],
-        video_token,
-        PositionRule.of(model.config),
-        grid[0],
-        float(inputs["second_per_grid_ts"][0]),
-    )
+    layout = PromptLayout.from_processor_output(inputs, 0, video_token, PositionRule.of(model.config))
     vision = model.config.vision_config
     generator = torch.Generator().manual_seed(0)
     completions = [torch.randint(20, 500, (48,), generator=generator).tolist() for _ in range(generations)]

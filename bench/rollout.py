@@ -81,13 +81,8 @@ def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, p
         encode_s, (embeds,) = timed(
             lambda: encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
         )
-    layout = PromptLayout.build(
-        encoded["input_ids"][0],
-        processor.tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        PositionRule.of(model.config),
-        encoded["video_grid_thw"][0],
-        float(encoded["second_per_grid_ts"][0]),
-    )
+    video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
     request = RolloutRequest(layout, layout.encoded_video(embeds))
     vllm_s, (vllm_result,) = timed(lambda: vllm.generate([request], sampling))
     hf_s, (hf_result,) = timed(lambda: hf.generate([request], sampling), repeats=1)

@@ -14,8 +14,9 @@ by the sequence-parallel group size, so each rank's slice is a plain view.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -76,6 +77,19 @@ class PromptLayout:
         )
         grid = video_grid_thw.reshape(3) if video_grid_thw is not None else None
         return cls(ids, slots, positions, grid, second_per_grid if grid is not None else None)
+
+    @classmethod
+    def from_processor_output(
+        cls, encoded: Mapping[str, Any], row: int, video_token_id: int, rule: PositionRule
+    ) -> PromptLayout:
+        """The layout of row ``row`` of a HF processor's output (expanded ids, one video per row)."""
+        return cls.build(
+            encoded["input_ids"][row],
+            video_token_id,
+            rule,
+            encoded["video_grid_thw"][row],
+            float(encoded["second_per_grid_ts"][row]),
+        )
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])

@@ -163,9 +163,7 @@ class VideoQACollator:
             batch["video_mask"] = _pad(video_slots, 0, "right")
         if self.position_rule is not None:
             batch["prompts"] = [
-                PromptLayout.build(prompt, self.video_token_id, self.position_rule, grid, float(seconds))
-                for prompt, grid, seconds in zip(
-                    prompts, batch["video_grid_thw"], batch["second_per_grid_ts"], strict=True
-                )
+                PromptLayout.from_processor_output(e, 0, self.video_token_id, self.position_rule)
+                for e in encoded
             ]
         return batch

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -28,14 +28,10 @@ from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, defaul
 from rewards.parsing import follows_format, response_choice
 from rewards.registry import SAMPLE_FIELDS
 from rollout.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
-from rollout.base import (
-    Completion,
-    PolicyHandle,
-    RolloutEngine,
-    RolloutRequest,
-    RolloutResult,
-    SamplingConfig,
-)
+from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+
+if TYPE_CHECKING:  # the consumer protocol's annotations only
+    from rollout.base import PolicyHandle, RolloutEngine
 
 VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
 """``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""

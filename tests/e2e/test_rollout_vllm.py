@@ -47,13 +47,8 @@ def setup(tiny_model_dir: Path):
     encoded = processor(text=[prompt], videos=[FRAMES], video_metadata=[METADATA], return_tensors="pt")
     with torch.no_grad():
         (embeds,) = encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
-    layout = PromptLayout.build(
-        encoded["input_ids"][0],
-        processor.tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        PositionRule.of(model.config),
-        encoded["video_grid_thw"][0],
-        float(encoded["second_per_grid_ts"][0]),
-    )
+    video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
     request = RolloutRequest(layout, layout.encoded_video(embeds))
     engine = start_vllm(tiny_model_dir, model, processor)
     return processor, model, prompt, request, engine
