@@ -58,7 +58,7 @@ def render_table(table: Table, style: Style = "markdown") -> str:
     | red | 3 |
     | all | 12 |
     >>> print(render_table(table, "text"))
-         n
+          n
     -------
     red   3
     -------
