@@ -31,6 +31,7 @@ from models.failures import NonFiniteUpdates
 from models.loading import load_model, load_processor
 from models.positions import mrope_position_ids
 from models.vision import encode_videos, vision_tower
+from parallel.contract import AttentionHeads
 from parallel.shard import SequenceShard
 from rewards.judge import JudgeSettings
 from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
@@ -229,6 +230,14 @@ class VLMModule(L.LightningModule):
 
     def note_finite_update(self) -> None:
         self._consecutive_nonfinite = 0
+
+    # -- sequence parallelism (parallel.contract.SequenceParallelModule) ---------------------
+    def attention_heads(self) -> AttentionHeads | None:
+        """Query and key/value heads of the language model; None before the model is built."""
+        if self.model is None:
+            return None
+        text = getattr(self.model.config, "text_config", self.model.config)
+        return AttentionHeads(int(text.num_attention_heads), int(text.num_key_value_heads))
 
     # -- evaluation (evaluation.evaluator.Evaluator does the work) ----------------------------
     @torch.no_grad()
