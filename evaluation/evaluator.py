@@ -20,10 +20,9 @@ the trainer says (dataloaders, frame counts, step, rank).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -33,8 +32,11 @@ from rewards.judge import JudgeClient, JudgeSettings
 from rewards.parsing import follows_format, reasoning_agrees, response_choice
 from rollout.base import SamplingConfig
 
-AnswerGenerator = Callable[[dict[str, Any], SamplingConfig], list[list[str]]]
-"""``(batch, sampling) -> completions``: per prompt of a collated batch, ``sampling.n`` texts."""
+
+class AnswerGenerator(Protocol):
+    """The model's answers: per prompt of a collated batch, ``sampling.n`` completion texts."""
+
+    def __call__(self, batch: dict[str, Any], *, sampling: SamplingConfig) -> list[list[str]]: ...
 
 
 @dataclass
@@ -68,7 +70,7 @@ class Evaluator:
     """Scores validation batches and collects, per dataloader, the scores and every question's record.
 
     Args:
-        generate: the model's answers to a batch (:data:`AnswerGenerator`).
+        generate: the model's answers to a batch (:class:`AnswerGenerator`; a bound method pickles).
         max_new_tokens: generation budget of an answer.
         samples: besides the greedy answer, sample this many answers per question at
             ``temperature`` and report ``sampled_accuracy`` (multiple-choice rows); 0: off.
@@ -114,7 +116,7 @@ class Evaluator:
     def step(self, batch: dict[str, Any], batch_idx: int, loader: int, device: torch.device | str) -> None:
         """Answer, score, count and record the questions of one batch of dataloader ``loader``."""
         greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
-        completions = [texts[0] for texts in self.generate(batch, greedy)]
+        completions = [texts[0] for texts in self.generate(batch, sampling=greedy)]
         meta = batch["meta"]
         judge = JudgeClient(self.judge) if self.judge is not None else None
         scored = score_answers(completions, meta, judge)
@@ -126,7 +128,7 @@ class Evaluator:
                 max_new_tokens=self.max_new_tokens,
                 seed=10_000 * batch_idx,  # the same samples for the same model and batches
             )
-            sampled = self.generate(batch, sampling)
+            sampled = self.generate(batch, sampling=sampling)
             # Multiple-choice rows only (sampled answers of other types are not scored).
             sampled_fraction = [
                 sum(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"] for t in texts)

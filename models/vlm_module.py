@@ -113,7 +113,7 @@ class VLMModule(L.LightningModule):
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
         self.evaluator = Evaluator(
-            lambda batch, sampling: self.generate_answers(batch, sampling=sampling),
+            self.generate_answers,
             max_new_tokens=max_new_tokens,
             samples=val_samples,
             temperature=val_temperature,
