@@ -8,12 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from jsonargparse import Namespace
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from app.cli_parser import HELP_FLAGS, LvrlArgumentParser, selected_classes
 from app.logs import install_run_logging
 from app.validation import ConfigError, validate_config
+from callbacks.checkpoint import RunCheckpoint, with_atomic_checkpoint_io
 from core.failures import SafeStop
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.vlm_module import VLMModule
@@ -44,6 +46,8 @@ class LvrlCLI(LightningCLI):
       callback ``dirpath``) is replaced by the run folder, so one ``--trainer.default_root_dir``
       moves a whole run (checkpoints, CSV metrics, wandb files, HF export).
     - Once the config is checked, library logging goes to ``RUN_DIR/lvrl.log`` (:mod:`app.logs`).
+    - Checkpoints are written atomically (:class:`callbacks.checkpoint.AtomicCheckpointIO` joins the
+      trainer's ``plugins``) unless the config names its own checkpoint writer.
     - The parser (:class:`app.cli_parser.LvrlArgumentParser`) answers a mistyped key with its close
       matches, and ``--help`` with ``--config`` lists the selected classes' arguments.
     """
@@ -72,6 +76,19 @@ class LvrlCLI(LightningCLI):
             sys.exit(2)
         # From here on library chatter goes to RUN_DIR/lvrl.log, each distinct warning once on screen.
         install_run_logging(run_dir)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        plugins = kwargs.pop("plugins", config.trainer.plugins)
+        strategy = kwargs.get("strategy", config.trainer.strategy)
+        return super().instantiate_trainer(plugins=with_atomic_checkpoint_io(plugins, strategy), **kwargs)
+
+    def after_fit(self) -> None:
+        # A Ctrl-C stops training cleanly with a checkpoint (RunCheckpoint); say so in the exit
+        # status, as after SIGTERM, so that the run is not taken for a finished one.
+        if any(isinstance(c, RunCheckpoint) and c.interrupted for c in self.trainer.callbacks):
+            print("stopped by a signal; continue with --ckpt_path last", file=sys.stderr)
+            sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
 
     def before_fit(self) -> None:
         # Lightning's own error for this names neither the module nor the replacement setting.

@@ -26,6 +26,7 @@ from data import hour_long_video  # bench/data.py
 
 from datatools.video_encode import encode_video
 from datatools.video_probe import probe_video
+from evaluation.tables import Column, Table, render_table
 
 
 def short_video() -> bytes:
@@ -58,11 +59,12 @@ def main() -> None:
         }
         videos["64 frames 56x56"].write_bytes(short_video())
         videos["3,600 frames 224x224"].write_bytes(hour_long_video(60, 1.0, 224))
-        print("| video | " + " | ".join(f"--probe-frames {n}" for n in args.frames) + " |")
-        print("|---|" + "---:|" * len(args.frames))
-        for name, path in videos.items():
-            cells = [f"{best_seconds(path, n, args.repeats) * 1000:.0f} ms" for n in args.frames]
-            print(f"| {name} | " + " | ".join(cells) + " |")
+        columns = [Column("video", "left"), *(Column(f"--probe-frames {n}") for n in args.frames)]
+        rows = [
+            (name, *(f"{best_seconds(path, n, args.repeats) * 1000:.0f} ms" for n in args.frames))
+            for name, path in videos.items()
+        ]
+        print(render_table(Table(columns, rows)))
 
 
 if __name__ == "__main__":

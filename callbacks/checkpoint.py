@@ -4,15 +4,21 @@
 A checkpoint holds what an exact continuation needs: weights, optimizer and schedule, the
 global step (Lightning), the data stream position (the datamodule's state), and here the
 Python, NumPy and torch RNG states of every rank. Local checkpoints are written by
-:class:`AtomicCheckpointIO`: to a temporary file next to the target, synced, then renamed over
-it, so a crash while saving leaves the previous checkpoint intact. (Lightning's own writer
-stages the file in the system temp folder and moves it; across file systems that move is a
-copy, which a crash can leave half-written.)
+:class:`AtomicCheckpointIO`, a checkpoint plugin (``lvrl fit`` adds it to the trainer's
+``plugins`` unless the config names its own, :func:`with_atomic_checkpoint_io`): to a
+temporary file next to the target, synced, then renamed over it, so a crash while saving
+leaves the previous checkpoint intact. (Lightning's own writer stages the file in the system
+temp folder and moves it; across file systems that move is a copy, which a crash can leave
+half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
-with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. Training that stops with a
-:class:`~core.failures.SafeStop` (non-finite updates, a rollout engine that cannot be
-restarted) also leaves a ``last.ckpt``.
+with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. SIGTERM is Lightning's
+(its handler sets ``trainer.received_sigterm`` and the loop raises ``SIGTERMException``); a
+Ctrl-C is recorded here and stops through the public ``trainer.should_stop``, after which
+Lightning runs the validation an early stop calls for (the checkpoint is written before it, so
+a second Ctrl-C during it loses nothing) and ``lvrl fit`` exits with status 143 as on SIGTERM.
+Training that stops with a :class:`~core.failures.SafeStop` (non-finite updates, a rollout
+engine that cannot be restarted) also leaves a ``last.ckpt``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 
 from core.failures import SafeStop
@@ -70,6 +77,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.close(directory)
 
 
+def with_atomic_checkpoint_io(plugins: Any, strategy: Any = None) -> Any:
+    """The trainer's ``plugins`` with an :class:`AtomicCheckpointIO` added, unless the run chose
+    its own checkpoint writer (a ``CheckpointIO`` plugin, or a strategy instance built with one).
+
+    ``plugins`` as the ``Trainer`` takes it: None, one plugin (or its name), or a list.
+    """
+    given = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    own_strategy_io = isinstance(strategy, Strategy) and type(strategy.checkpoint_io) is not TorchCheckpointIO
+    if own_strategy_io or any(isinstance(plugin, CheckpointIO) for plugin in given):
+        return plugins
+    return [*given, AtomicCheckpointIO()]
+
+
 class RunCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` in ``<default_root_dir>/checkpoints``, with RNG states and pre-emption saves.
 
@@ -81,7 +101,10 @@ class RunCheckpoint(ModelCheckpoint):
     def __init__(self, *args: Any, save_last: bool | None = True, **kwargs: Any) -> None:
         super().__init__(*args, save_last=save_last, **kwargs)
         self._previous_sigint: Any = None
-        self._trainer: L.Trainer | None = None
+        self.interrupt_requested = False
+        """A first Ctrl-C arrived on this rank: stop at the end of the step, with a checkpoint."""
+        self.interrupted = False
+        """Training was stopped for a Ctrl-C (on any rank): the run is to be resumed, not finished."""
 
     def _use_run_folder(self, trainer: L.Trainer) -> None:
         if self.dirpath is None:
@@ -89,9 +112,6 @@ class RunCheckpoint(ModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._use_run_folder(trainer)
-        # Atomic writes unless the run chose its own checkpoint writer.
-        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         if trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
             for name in os.listdir(self.dirpath):  # left by a run killed while saving
                 if PARTIAL_MARKER in name:
@@ -118,7 +138,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     # -- pre-emption -------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._trainer = trainer
+        self.interrupt_requested = self.interrupted = False
         try:
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread (signals cannot be handled here)
@@ -128,22 +148,30 @@ class RunCheckpoint(ModelCheckpoint):
         # The first Ctrl-C asks for a clean stop (a checkpoint at the end of the step), like
         # SIGTERM; a second one interrupts at once.
         signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
-        if self._trainer is not None:
-            rank_zero_info("interrupt: stopping after this step with a checkpoint (Ctrl-C again to abort)")
-            self._trainer._signal_connector.received_sigterm = True  # Lightning's own stop flag
+        rank_zero_info("interrupt: stopping after this step with a checkpoint (Ctrl-C again to abort)")
+        self.interrupt_requested = True
+
+    def _interrupted(self, trainer: L.Trainer) -> bool:
+        # Every rank must stop after the same step: one Ctrl-C on any rank stops them all.
+        if trainer.world_size == 1:
+            return self.interrupt_requested
+        return trainer.strategy.reduce_boolean_decision(self.interrupt_requested, all=False)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        # Lightning stops after this hook when a SIGTERM arrived (its handler sets the flag).
-        if (
-            trainer.received_sigterm
-            and self.save_last
-            and trainer.global_step != self._last_global_step_saved
-        ):
+        # On SIGTERM Lightning's handler sets `received_sigterm` and the loop stops after this
+        # hook; a Ctrl-C asks the loop to stop after it too. Either way, with this step's checkpoint.
+        interrupted = not self.interrupted and self._interrupted(trainer)
+        if not (trainer.received_sigterm or interrupted):
+            return
+        if self.save_last and trainer.global_step != self._last_global_step_saved:
             rank_zero_info(f"pre-empted: saving the checkpoint of step {trainer.global_step}")
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if interrupted:
+            self.interrupted = True
+            trainer.should_stop = True  # (Lightning says so when trainer.min_steps/min_epochs forbid it)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException

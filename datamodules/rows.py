@@ -9,15 +9,14 @@ are implied: A, B, C, ...). Anything else in the JSON is kept in :attr:`QARow.ex
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.answers import unwrap_answer
 from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
 
 __all__ = ["CATEGORIES", "MULTIPLE_CHOICE", "OPTION_LETTERS", "MalformedRow", "QARow", "parse_row"]
 
-_ANSWER_TAG = re.compile(r"^\s*<answer>(.*?)</answer>\s*$", re.DOTALL)
 _KNOWN_FIELDS = {
     "problem_id",
     "data_type",
@@ -108,8 +107,7 @@ def parse_row(obj: Any) -> QARow:
     problem_type = _require_str(obj, "problem_type")
     reasoning = _require_str(obj, "reasoning", allow_empty=True)
     answer = _require_str(obj, "answer")
-    tagged = _ANSWER_TAG.match(answer)
-    answer = (tagged.group(1) if tagged else answer).strip()
+    answer = unwrap_answer(answer).strip()
     if not answer:
         raise MalformedRow("field 'answer' is empty")
 

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from core.answers import answer_blocks
 from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
 from datamodules.rows import MalformedRow, QARow, parse_row
 
@@ -85,7 +86,6 @@ class TextLimits:
 
 # The option regexes are written so that matching costs linear time on any text (no nested
 # or adjacent quantifiers that can backtrack over the same whitespace).
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # "A. text", "A) text", "(A) text", "[A] text", "A: text" at the start of a line (the text follows).
 _OPTION_LINE = re.compile(r"\s*[\(\[]?([A-J])(?:[\)\]][.:]?|[.:])")
 # An inline option marker: "(A)" anywhere, or "A." / "A)" / "A:" after whitespace.
@@ -260,7 +260,7 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
         raise RowRejected(MALFORMED, f"field 'answer' must be a string, got {_kind(raw_answer)}")
     if raw_answer is None or not raw_answer.strip():
         raise RowRejected(NO_ANSWER, "no answer")
-    tagged = _ANSWER_TAG.findall(raw_answer)
+    tagged = answer_blocks(raw_answer)
     if len(tagged) > 1:
         raise RowRejected(MALFORMED, f"answer {raw_answer[:100]!r} holds {len(tagged)} <answer> blocks")
     answer = (tagged[0] if tagged else raw_answer).strip()

@@ -32,6 +32,7 @@ from models.logprobs import completion_logprobs, input_embeddings
 from models.rl.losses import policy_loss
 from models.vision import encode_videos
 from models.vlm_module import VLMModule
+from parallel.contract import GradientReducer
 from parallel.prefill import sequence_parallel_completion_logprobs
 from rollout.base import RolloutEngine
 from rollout.experience import ExperienceSettings, RolloutBatch
@@ -290,9 +291,9 @@ class GRPOModule(VLMModule):
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
         # Stepped even when no row trained (no gradients: the weights stay), so that
         # global_step, the schedule and max_steps keep counting updates.
-        reduce_gradients = getattr(self.trainer.strategy, "reduce_gradients", None)
-        if reduce_gradients is not None:  # sequence/data-parallel: before the norm and clipping
-            reduce_gradients(self.parameters())
+        strategy = self.trainer.strategy
+        if isinstance(strategy, GradientReducer):  # sequence/data-parallel: before the norm and clipping
+            strategy.reduce_gradients(self.parameters())
         params = [p for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
         # Gradients are reduced over the ranks by now, so every rank sees the same norm and

@@ -1,25 +1,17 @@
 """What every lvrl training stage shares: the wrapped HF VLM, its optimizer, evaluation, export.
 
-Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for all stages:
-greedy generation on the validation split, each answer scored by its problem type
-(:mod:`models.answer_scoring`: a multiple-choice letter parsed tolerantly, a number, or an
-open-ended answer asked of the judge when ``val_judge`` is set), multiple-choice accuracy per
-category logged through :class:`~models.metrics.MultipleChoiceScores` with the other types
-beside it, and every question's result (with its ``problem_id`` and the scoring used)
-written to ``{default_root_dir}/predictions/val-step{N}.jsonl`` (so two evaluations can be
-compared question by question: ``lvrl report compare``). A frame-count sweep (the
-datamodule's ``val_num_frames``) gives one validation dataloader per count: each is scored
-on its own and logged as ``val/frames_{N}/...``; the one at the training frame count also
-under the plain ``val/...`` names.
+Subclasses (CoT-SFT, GRPO) add a ``training_step``. Evaluation is the same for all stages and
+lives in :mod:`evaluation` (:class:`~evaluation.evaluator.Evaluator`: greedy answers on the
+validation split scored by problem type, metrics per category, per-question predictions
+written to ``{default_root_dir}/predictions/``); the module's validation hooks hand it the
+model's answers (:meth:`VLMModule.generate_answers`) and what the trainer says.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,33 +22,33 @@ from lightning.pytorch.utilities import rank_zero_info
 from core.failures import NonFiniteUpdates
 from core.layout import PositionRule
 from core.positions import mrope_position_ids
-from models.answer_scoring import score_answers
+from evaluation.evaluator import (
+    Evaluator,
+    ValidationResult,
+    logged_scores,
+    primary_loader,
+    val_frame_counts,
+    validation_printout,
+    write_predictions,
+)
 from models.loading import load_model, load_processor
-from models.metrics import CHOICE, MultipleChoiceScores, format_accuracy_table
 from models.vision import encode_videos, vision_tower
+from parallel.contract import AttentionHeads
 from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
-from rewards.judge import JudgeClient, JudgeSettings
-from rewards.parsing import follows_format, reasoning_agrees, response_choice
+from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ValidationResult:
-    """One validation dataloader's outcome (a frame-count sweep has one per frame count)."""
-
-    frames: int | None
-    """Frames sampled per video by this dataloader (None when the datamodule does not say)."""
-    scores: dict[str, float]
-    """:class:`~models.metrics.MultipleChoiceScores` output (synced over data-parallel ranks)."""
-    predictions: list[dict[str, Any]]
-    """Every question this rank saw: key, problem_id, problem_type, scoring, category, answer,
-    predicted, correct (None: not scored), format, completion."""
-    primary: bool
-    """Whether this dataloader reports under the plain ``val/...`` metric names."""
+def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> list[RolloutRequest]:
+    """The rollout request of each prompt of a collated batch, its video encoded once (``videos``)."""
+    return [
+        RolloutRequest(layout, layout.encoded_video(embeds))
+        for layout, embeds in zip(batch["prompts"], videos, strict=True)
+    ]
 
 
 class VLMModule(L.LightningModule):
@@ -119,17 +111,19 @@ class VLMModule(L.LightningModule):
             raise ValueError(f"max_consecutive_nonfinite={max_consecutive_nonfinite} must be at least 1")
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
-        # Checked now, so a bad judge URL fails before any model is loaded.
-        self._judge_settings = JudgeSettings(**val_judge) if val_judge else None
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
-        self.val_scores = torch.nn.ModuleList([MultipleChoiceScores()])
+        self.evaluator = Evaluator(
+            self.generate_answers,
+            max_new_tokens=max_new_tokens,
+            samples=val_samples,
+            temperature=val_temperature,
+            # Checked now, so a bad judge URL fails before any model is loaded.
+            judge=JudgeSettings(**val_judge) if val_judge else None,
+        )
+        # Registered here, so the metrics move with the module and the strategy reaches them.
+        self.val_scores = self.evaluator.metrics
         self._processor: Any = None
-        self.last_val_scores: dict[str, float] = {}
-        """Scores of the last validation (its primary dataloader's, in a frame-count sweep)."""
-        self.val_results: list[ValidationResult] = []
-        """The last validation, per dataloader: scores and every question's record."""
-        self._val_records: dict[int, list[dict[str, Any]]] = {}
         self.sequence_shard: SequenceShard | None = None
         """Set by :class:`parallel.strategy.SequenceParallelStrategy` when sequences are split."""
         self.supports_sequence_parallel = False
@@ -261,7 +255,15 @@ class VLMModule(L.LightningModule):
     def note_finite_update(self) -> None:
         self._consecutive_nonfinite = 0
 
-    # -- evaluation --------------------------------------------------------------------------
+    # -- sequence parallelism (parallel.contract.SequenceParallelModule) ---------------------
+    def attention_heads(self) -> AttentionHeads | None:
+        """Query and key/value heads of the language model; None before the model is built."""
+        if self.model is None:
+            return None
+        text = getattr(self.model.config, "text_config", self.model.config)
+        return AttentionHeads(int(text.num_attention_heads), int(text.num_key_value_heads))
+
+    # -- evaluation (evaluation.evaluator.Evaluator does the work) ----------------------------
     @torch.no_grad()
     def generate_answers(
         self, batch: dict[str, Any], max_new_tokens: int | None = None, sampling: SamplingConfig | None = None
@@ -275,90 +277,32 @@ class VLMModule(L.LightningModule):
         assert self.model is not None
         engine = TransformersEngine.for_model(self.model, self.processor.tokenizer)
         videos = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
-        requests = [
-            RolloutRequest(layout, layout.encoded_video(embeds))
-            for layout, embeds in zip(batch["prompts"], videos, strict=True)
-        ]
+        requests = validation_requests(batch, videos)
         if sampling is None:
             sampling = SamplingConfig(
                 n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
             )
         return [[c.text for c in result.completions] for result in engine.generate(requests, sampling)]
 
-    def _judge_client(self) -> JudgeClient | None:
-        return JudgeClient(self._judge_settings) if self._judge_settings is not None else None
+    @property
+    def val_results(self) -> list[ValidationResult]:
+        """The last validation, per dataloader: scores and every question's record."""
+        return self.evaluator.results
+
+    @property
+    def last_val_scores(self) -> dict[str, float]:
+        """Scores of the last validation (its primary dataloader's, in a frame-count sweep)."""
+        return self.evaluator.last_scores
 
     def on_validation_epoch_start(self) -> None:
-        self._val_records: dict[int, list[dict[str, Any]]] = {}
-
-    def _scores_of(self, loader: int) -> MultipleChoiceScores:
-        # One metric per validation dataloader (a frame-count sweep has several); later ones
-        # share the first one's process group (the strategy sets it for data-parallel sync).
-        while len(self.val_scores) <= loader:
-            metric = MultipleChoiceScores().to(self.device)
-            metric.process_group = self.val_scores[0].process_group
-            self.val_scores.append(metric)
-        return self.val_scores[loader]
+        self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        completions = [texts[0] for texts in self.generate_answers(batch)]
-        meta = batch["meta"]
-        scored = score_answers(completions, meta, self._judge_client())
-        sampled_fraction = None
-        if self.hparams.val_samples:
-            sampling = SamplingConfig(
-                n=self.hparams.val_samples,
-                temperature=self.hparams.val_temperature,
-                max_new_tokens=self.hparams.max_new_tokens,
-                seed=10_000 * batch_idx,  # the same samples for the same model and batches
-            )
-            sampled = self.generate_answers(batch, sampling=sampling)
-            # Multiple-choice rows only (sampled answers of other types are not scored).
-            sampled_fraction = [
-                sum(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"] for t in texts)
-                / len(texts)
-                if s.scoring == CHOICE
-                else None
-                for texts, m, s in zip(sampled, meta, scored, strict=True)
-            ]
-        records: list[dict[str, Any]] = [
-            {
-                "key": m["key"],
-                "problem_id": m["problem_id"],
-                "problem_type": m["problem_type"],
-                "scoring": s.scoring,
-                "category": m["category"],
-                "answer": m["answer"],
-                "predicted": s.predicted,
-                "correct": s.correct,
-                "format": follows_format(c),
-                "reasoning_agrees": (
-                    reasoning_agrees(c, s.predicted, m["options"]) if s.scoring == CHOICE else None
-                ),
-                "num_frames": m["num_frames"],
-                "completion": c,
-                **({"scoring_note": s.note} if s.note else {}),
-            }
-            for m, s, c in zip(meta, scored, completions, strict=True)
-        ]
-        if sampled_fraction is not None:
-            for record, fraction in zip(records, sampled_fraction, strict=True):
-                if fraction is not None:
-                    record["sampled_correct"] = fraction
-        self._scores_of(dataloader_idx).update(
-            [s.predicted if s.scoring == CHOICE else None for s in scored],
-            [m["answer"] for m in meta],
-            [m["category"] for m in meta],
-            [r["format"] for r in records],
-            sampled_fraction,
-            [r["reasoning_agrees"] for r in records],
-            scoring=[s.scoring for s in scored],
-            correct=[s.correct for s in scored],
-        )
-        self._val_records.setdefault(dataloader_idx, []).extend(records)
-        if "labels" in batch and dataloader_idx == self._primary_val_loader():
+        self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
+        if "labels" in batch and dataloader_idx == primary_loader(self.trainer.datamodule):
             loss = self.token_mean_loss(batch)
-            self.log("val/loss", loss, batch_size=len(meta), sync_dist=True, add_dataloader_idx=False)
+            size = len(batch["meta"])
+            self.log("val/loss", loss, batch_size=size, sync_dist=True, add_dataloader_idx=False)
 
     def token_mean_loss(self, batch: dict[str, Any]) -> torch.Tensor:
         """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens."""
@@ -366,69 +310,23 @@ class VLMModule(L.LightningModule):
         labels = batch["labels"][:, 1:]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
-    def _val_frame_counts(self) -> list[int] | None:
-        """Frame count of each validation dataloader, when the datamodule says (a sweep does)."""
-        datamodule = getattr(self.trainer, "datamodule", None)
-        return getattr(datamodule, "val_frame_counts", None)
-
-    def _primary_val_loader(self) -> int:
-        # The loader at the training frame count reports under the plain `val/...` names.
-        counts = self._val_frame_counts()
-        datamodule = getattr(self.trainer, "datamodule", None)
-        primary = getattr(getattr(datamodule, "hparams", None), "num_frames", None)
-        return counts.index(primary) if counts and primary in counts else 0
-
     def on_validation_epoch_end(self) -> None:
-        num_loaders = max(1, len(self.trainer.num_val_batches))
-        counts = self._val_frame_counts()
-        sweep = num_loaders > 1
-        primary = self._primary_val_loader()
-        self.val_results = []
-        for loader in range(num_loaders):
-            metric = self._scores_of(loader)
-            scores = metric.compute()
-            metric.reset()
-            frames = counts[loader] if counts and len(counts) == num_loaders else None
-            self.val_results.append(
-                ValidationResult(frames, scores, self._val_records.get(loader, []), loader == primary)
-            )
-        self.last_val_scores = self.val_results[primary].scores
+        datamodule = self.trainer.datamodule
+        results = self.evaluator.finish(
+            max(1, len(self.trainer.num_val_batches)),
+            val_frame_counts(datamodule),
+            primary_loader(datamodule),
+            self.device,
+        )
         if not self.trainer.sanity_checking:
-            for result in self.val_results:
-                self._write_predictions(
-                    result, suffix=f"-frames{result.frames}" if sweep and not result.primary else ""
-                )
-        for result in self.val_results:
-            for name, value in result.scores.items():
-                if name.startswith("count"):
-                    continue
-                if result.primary:
-                    self.log(f"val/{name}", value, sync_dist=False, add_dataloader_idx=False)
-                if sweep:
-                    self.log(
-                        f"val/frames_{result.frames}/{name}", value, sync_dist=False, add_dataloader_idx=False
-                    )
+            rank = self.global_rank if self.trainer.world_size > 1 else None
+            folder = Path(self.trainer.default_root_dir) / "predictions"
+            write_predictions(results, folder, self.global_step, rank)
+        for name, value in logged_scores(results).items():
+            self.log(name, value, sync_dist=False, add_dataloader_idx=False)
         if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
-            for result in self.val_results:
-                frames = f" at {result.frames} frames" if result.frames else ""
-                title = f"Validation of {self.hparams.model_path}{frames}"
-                rank_zero_info("\n" + format_accuracy_table(result.scores, title=title))
-            for sample in self.val_results[primary].predictions[:2]:
-                rank_zero_info(
-                    f"[{sample['key']}] key={sample['answer']} parsed={sample['predicted']}: "
-                    f"{sample['completion']!r}"
-                )
-        self._val_records = {}
-
-    def _write_predictions(self, result: ValidationResult, suffix: str = "") -> None:
-        """One JSON line per validation question (each rank writes the questions it saw)."""
-        folder = Path(self.trainer.default_root_dir) / "predictions"
-        folder.mkdir(parents=True, exist_ok=True)
-        rank = f"-rank{self.global_rank}" if self.trainer.world_size > 1 else ""
-        path = folder / f"val-step{self.global_step:06d}{suffix}{rank}.jsonl"
-        with path.open("w") as f:
-            for record in result.predictions:
-                f.write(json.dumps(record) + "\n")
+            for block in validation_printout(results, str(self.hparams.model_path)):
+                rank_zero_info(block)
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:

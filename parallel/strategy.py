@@ -4,7 +4,8 @@ What it changes relative to :class:`~lightning.pytorch.strategies.DDPStrategy`:
 
 - it builds the device mesh (:mod:`parallel.mesh`) after the process group, checks the sizes
   and the model's heads against the attention kind, and hands the LightningModule a
-  :class:`~parallel.shard.SequenceShard` (``pl_module.sequence_shard``) for the sequence axis;
+  :class:`~parallel.shard.SequenceShard` (``pl_module.sequence_shard``) for the sequence axis
+  (the module implements :class:`~parallel.contract.SequenceParallelModule`);
 - data sharding follows the ``data`` axis: ``data_parallel_rank``/``data_parallel_size`` are
   what the DataModule reads, so sequence-parallel peers receive the same samples, and the
   module's torchmetrics sync over the data axis only (each question counted once);
@@ -34,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
+from parallel.contract import require_sequence_parallel_module
 from parallel.mesh import MeshShape, build_device_mesh, check_attention_heads, mesh_shape
 from parallel.shard import ATTENTION_KINDS, SequenceShard
 
@@ -110,22 +112,14 @@ class SequenceParallelStrategy(DDPStrategy):
 
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
-        module = self.lightning_module
-        model = getattr(module, "model", None)
-        if model is not None:
-            text = getattr(model.config, "text_config", model.config)
+        module = require_sequence_parallel_module(self.lightning_module, type(self).__name__)
+        heads = module.attention_heads()
+        if heads is not None:
             check_attention_heads(
-                int(text.num_attention_heads),
-                int(text.num_key_value_heads),
-                self.sequence_parallel_size,
-                self.sequence_parallel_attention,
+                heads.query, heads.key_value, self.sequence_parallel_size, self.sequence_parallel_attention
             )
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if (
-            fitting
-            and self.sequence_parallel_size > 1
-            and not getattr(module, "supports_sequence_parallel", False)
-        ):
+        if fitting and self.sequence_parallel_size > 1 and not module.supports_sequence_parallel:
             # Its peers would each compute the whole gradient, and the sum over the sequence axis
             # would count it sequence_parallel_size times.
             raise ValueError(
@@ -136,7 +130,7 @@ class SequenceParallelStrategy(DDPStrategy):
         if self.sequence_parallel_size > 1 and self.device_mesh is not None:
             # Peers evaluate the same questions: metrics sync over the data axis only, so that
             # every question is counted once.
-            for metric in module.modules():
+            for metric in self.lightning_module.modules():
                 if isinstance(metric, Metric):
                     metric.process_group = self.device_mesh.get_group("data")
 

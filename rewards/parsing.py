@@ -10,30 +10,16 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from core.answers import ANSWER_BLOCK, extract_answer
 from core.qa import OPTION_LETTERS
 
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
-_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
+_FORMAT = re.compile(rf"^\s*<think>.*?</think>\s*{ANSWER_BLOCK.pattern}\s*$", re.DOTALL)
 _BARE_LETTER = re.compile(r"^[\(\[]?([A-J])[\)\]]?[.:)]?$")
 _LETTER_THEN_TEXT = re.compile(r"^[\(\[]?([A-J])(?:[\)\]][.:]?|[.:])\s+\S")
 _NAMED_LETTER = re.compile(
     r"\b(?:option|answer|choice)\s*(?:is\s*)?[:\-]?\s*[\(\[]?([A-J])[\)\]]?(?![A-Za-z])", re.I
 )
-
-
-def extract_answer(response: str) -> str | None:
-    """Text of the single ``<answer>`` block, or ``None`` when there is none or more than one.
-
-    >>> extract_answer("<think>x</think><answer> B. </answer>")
-    'B.'
-    >>> extract_answer("<answer>A</answer><answer>B</answer>") is None
-    True
-    """
-    blocks = _ANSWER_BLOCK.findall(response)
-    if len(blocks) != 1:
-        return None
-    return blocks[0].strip()
 
 
 def follows_format(response: str) -> bool:

@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from evaluation.tables import Column, Table, render_table
+
 CATEGORY_PREFIX = "val/accuracy/"
 
 
@@ -141,9 +143,9 @@ def last_validation(rows: list[dict[str, str]]) -> dict[str, float]:
 OTHER_TYPE_KEYS = ("val/numeric_accuracy", "val/open_ended_accuracy", "val/not_scored")
 
 
-def typed_rows(columns: dict[str, dict[str, float]]) -> list[str]:
+def typed_rows(columns: dict[str, dict[str, float]]) -> list[tuple[str, ...]]:
     """Rows of the problem types that are not multiple choice, each cell with its question count."""
-    lines = []
+    rows: list[tuple[str, ...]] = []
     for label, accuracy, count in (
         ("numeric", "val/numeric_accuracy", "val/numeric_count"),
         ("open-ended (judged)", "val/open_ended_accuracy", "val/open_ended_judged"),
@@ -153,11 +155,11 @@ def typed_rows(columns: dict[str, dict[str, float]]) -> list[str]:
                 f"{scores[accuracy]:.1%} (n = {int(scores.get(count, 0))})" if accuracy in scores else "-"
                 for scores in columns.values()
             ]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            rows.append((label, *cells))
     if any("val/not_scored" in scores for scores in columns.values()):
         cells = [f"{int(scores.get('val/not_scored', 0))} not scored" for scores in columns.values()]
-        lines.append("| not scored | " + " | ".join(cells) + " |")
-    return lines
+        rows.append(("not scored", *cells))
+    return rows
 
 
 def comparison_table(columns: dict[str, dict[str, float]]) -> str:
@@ -171,26 +173,24 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
             if k.startswith(CATEGORY_PREFIX)
         }
     )
-    lines = ["| | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
 
-    def row(label: str, key: str) -> str:
-        cells = [f"{scores[key]:.1%}" if key in scores else "-" for scores in columns.values()]
-        return f"| {label} | " + " | ".join(cells) + " |"
+    def row(label: str, key: str) -> tuple[str, ...]:
+        return (label, *(f"{scores[key]:.1%}" if key in scores else "-" for scores in columns.values()))
 
-    lines += [row(c, f"{CATEGORY_PREFIX}{c}") for c in categories]
+    rows = [row(c, f"{CATEGORY_PREFIX}{c}") for c in categories]
     mixed = any(
         scores.get("val/questions", 0) > scores.get("val/count", math.inf) for scores in columns.values()
     )
     mixed = mixed or any(key in scores for scores in columns.values() for key in OTHER_TYPE_KEYS)
-    lines.append(row("**multiple choice**" if mixed else "**overall**", "val/accuracy"))
-    lines += typed_rows(columns)
+    rows.append(row("**multiple choice**" if mixed else "**overall**", "val/accuracy"))
+    rows += typed_rows(columns)
     if any("val/sampled_accuracy" in scores for scores in columns.values()):
-        lines.append(row("sampled answers (mean)", "val/sampled_accuracy"))
-    lines.append(row("format rate", "val/format_rate"))
+        rows.append(row("sampled answers (mean)", "val/sampled_accuracy"))
+    rows.append(row("format rate", "val/format_rate"))
     if any("val/reasoning_agreement" in scores for scores in columns.values()):
-        lines.append(row("reasoning names the chosen option", "val/reasoning_agreement"))
-    lines.append(row("constant-letter baseline", "val/constant_letter_baseline"))
-    return "\n".join(lines)
+        rows.append(row("reasoning names the chosen option", "val/reasoning_agreement"))
+    rows.append(row("constant-letter baseline", "val/constant_letter_baseline"))
+    return render_table(Table([Column("", "left"), *(Column(name) for name in columns)], rows))
 
 
 def last_records(run_dir: Path) -> list[dict] | None:

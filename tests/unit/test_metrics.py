@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from models.metrics import MultipleChoiceScores, format_accuracy_table
+from evaluation.metrics import MultipleChoiceScores, format_accuracy_table
 
 
 def test_scores_match_hand_counts():

@@ -14,6 +14,7 @@ import torch
 from torchmetrics import Metric
 
 from core.qa import CATEGORIES, OPTION_LETTERS
+from evaluation.tables import RULE, Column, Table, render_table
 
 UNCATEGORISED = "Other"
 
@@ -194,24 +195,23 @@ def format_accuracy_table(scores: dict[str, float], title: str = "Validation") -
     labels = ["category", overall, *(name for name, _, _ in rows)]
     if "open_ended_accuracy" in scores:
         labels.append("open-ended (judged)")
-    width = max(len(label) for label in labels)
-    lines = [title, f"{'category':<{width}}  {'n':>5}  accuracy", "-" * (width + 17)]
-    lines += [f"{name:<{width}}  {n:>5}  {acc:8.1%}" for name, acc, n in rows]
-    lines.append("-" * (width + 17))
-    lines.append(f"{overall:<{width}}  {int(scores['count']):>5}  {scores['accuracy']:8.1%}")
+    # The label column fits the categories and problem types; the fixed labels below may overflow it.
+    columns = [Column("category", "left", max(len(label) for label in labels)), Column("n", width=5)]
+    columns.append(Column("accuracy", width=8))
+    lines: list[tuple[str, ...]] = [RULE, *((name, str(n), f"{acc:.1%}") for name, acc, n in rows), RULE]
+    lines.append((overall, str(int(scores["count"])), f"{scores['accuracy']:.1%}"))
     if "numeric_accuracy" in scores:
-        count = int(scores["numeric_count"])
-        lines.append(f"{'numeric':<{width}}  {count:>5}  {scores['numeric_accuracy']:8.1%}")
+        lines.append(("numeric", str(int(scores["numeric_count"])), f"{scores['numeric_accuracy']:.1%}"))
     if "open_ended_accuracy" in scores:
-        count = int(scores["open_ended_judged"])
-        lines.append(f"{'open-ended (judged)':<{width}}  {count:>5}  {scores['open_ended_accuracy']:8.1%}")
+        count = str(int(scores["open_ended_judged"]))
+        lines.append(("open-ended (judged)", count, f"{scores['open_ended_accuracy']:.1%}"))
     if "not_scored" in scores:
-        lines.append(f"{'not scored':<{width}}  {int(scores['not_scored']):>5}")
+        lines.append(("not scored", str(int(scores["not_scored"]))))
     if "sampled_accuracy" in scores:
-        lines.append(f"{'sampled (mean)':<{width}}  {'':>5}  {scores['sampled_accuracy']:8.1%}")
-    lines.append(f"{'format rate':<{width}}  {'':>5}  {scores['format_rate']:8.1%}")
+        lines.append(("sampled (mean)", "", f"{scores['sampled_accuracy']:.1%}"))
+    lines.append(("format rate", "", f"{scores['format_rate']:.1%}"))
     if "reasoning_agreement" in scores:
-        lines.append(f"{'reasoning agrees':<{width}}  {'':>5}  {scores['reasoning_agreement']:8.1%}")
-    lines.append(f"{'unparseable':<{width}}  {int(scores.get('unparseable', 0)):>5}")
-    lines.append(f"{'constant letter':<{width}}  {'':>5}  {scores['constant_letter_baseline']:8.1%}")
-    return "\n".join(lines)
+        lines.append(("reasoning agrees", "", f"{scores['reasoning_agreement']:.1%}"))
+    lines.append(("unparseable", str(int(scores.get("unparseable", 0)))))
+    lines.append(("constant letter", "", f"{scores['constant_letter_baseline']:.1%}"))
+    return render_table(Table(columns, lines, title=title), style="text")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from models.answer_scoring import score_answers
-from models.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC, MultipleChoiceScores
+from evaluation.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC, MultipleChoiceScores
+from evaluation.scoring import score_answers
 from rewards.judge import JudgeClient, JudgeSettings
 
 SERVER = Path(__file__).resolve().parents[1] / "judge_server.py"

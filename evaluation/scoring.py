@@ -5,7 +5,7 @@ numeric ones as a number and compared with the key as the ``numeric_accuracy`` r
 and open-ended ones are asked of an LLM judge (:class:`rewards.judge.JudgeClient`, the client
 of the ``judged_accuracy`` reward) when one is configured. What cannot be scored (an
 open-ended answer without a judge, a judgement that failed, a numeric key that is not one
-number) is counted as :data:`~models.metrics.NOT_SCORED`, never as wrong.
+number) is counted as :data:`~evaluation.metrics.NOT_SCORED`, never as wrong.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.qa import MULTIPLE_CHOICE
-from models.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC
+from evaluation.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC
 from rewards.functions import NUMERICAL, answer_kind, numeric_accuracy_reward, parse_number
 from rewards.judge import JudgeClient
 from rewards.parsing import extract_answer, response_choice
@@ -29,7 +29,7 @@ class AnswerScore:
     """One greedy answer, scored."""
 
     scoring: str
-    """:data:`~models.metrics.CHOICE`, ``NUMERIC``, ``JUDGED`` or ``NOT_SCORED``."""
+    """:data:`~evaluation.metrics.CHOICE`, ``NUMERIC``, ``JUDGED`` or ``NOT_SCORED``."""
     predicted: str | float | None
     """The letter, the number or the answer text read out of the response (None: none)."""
     correct: bool | None

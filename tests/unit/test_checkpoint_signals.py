@@ -1,0 +1,75 @@
+"""RunCheckpoint's Ctrl-C stop and the atomic checkpoint writer as a trainer plugin, in-process.
+
+(`tests/e2e/test_resume.py` covers SIGTERM and SIGKILL through the CLI, with exact resumption.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.checkpoint import AtomicCheckpointIO, RunCheckpoint, with_atomic_checkpoint_io
+
+
+class TinyModule(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class CtrlCAfter(Callback):
+    """Sends this process a SIGINT at the end of training step ``step`` (as a terminal's Ctrl-C)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> None:
+    checkpoint = RunCheckpoint()
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=20,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[CtrlCAfter(3), checkpoint],
+        plugins=with_atomic_checkpoint_io(None),
+    )
+    before = signal.getsignal(signal.SIGINT)
+    trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
+    assert checkpoint.interrupted and trainer.global_step == 3  # no further step was taken
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 3
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C is the caller's again
+
+
+def test_the_atomic_writer_joins_the_plugins_unless_the_run_chose_a_writer() -> None:
+    (added,) = with_atomic_checkpoint_io(None)
+    assert isinstance(added, AtomicCheckpointIO)
+    other = object()
+    assert with_atomic_checkpoint_io(other)[0] is other
+    assert isinstance(with_atomic_checkpoint_io([other])[1], AtomicCheckpointIO)
+    own = TorchCheckpointIO()
+    assert with_atomic_checkpoint_io([own]) == [own]
+    strategy = SingleDeviceStrategy("cpu", checkpoint_io=AtomicCheckpointIO())
+    assert with_atomic_checkpoint_io(None, strategy) is None  # the strategy's own writer stays
+    assert isinstance(with_atomic_checkpoint_io(None, SingleDeviceStrategy("cpu"))[0], AtomicCheckpointIO)

@@ -1,0 +1,44 @@
+"""The typed contract between the sequence-parallel strategy and the module (parallel/contract.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import DDPStrategy
+
+from models.vlm_module import VLMModule
+from parallel.contract import (
+    AttentionHeads,
+    GradientReducer,
+    SequenceParallelModule,
+    require_sequence_parallel_module,
+)
+from parallel.strategy import SequenceParallelStrategy
+
+
+def test_vlm_module_implements_the_module_side(tiny_model_dir) -> None:
+    module = VLMModule(str(tiny_model_dir))
+    assert isinstance(module, SequenceParallelModule)
+    assert require_sequence_parallel_module(module, "S") is module
+    assert module.attention_heads() is None  # no model yet
+    module.configure_model()
+    text = json.loads((tiny_model_dir / "config.json").read_text())
+    text = text.get("text_config", text)
+    expected = AttentionHeads(text["num_attention_heads"], text["num_key_value_heads"])
+    assert module.attention_heads() == expected
+    assert module.supports_sequence_parallel is False and module.sequence_shard is None
+
+
+def test_a_module_without_the_contract_is_refused_by_name() -> None:
+    module = LightningModule()
+    assert not isinstance(module, SequenceParallelModule)
+    with pytest.raises(TypeError, match=r"SequenceParallelStrategy needs .*LightningModule lacks "
+                       r"supports_sequence_parallel, sequence_shard, attention_heads"):  # fmt: skip
+        require_sequence_parallel_module(module, "SequenceParallelStrategy")
+
+
+def test_only_the_sequence_parallel_strategy_reduces_gradients_itself() -> None:
+    assert isinstance(SequenceParallelStrategy(sequence_parallel_size=1), GradientReducer)
+    assert not isinstance(DDPStrategy(), GradientReducer)  # DDP's hooks reduce in backward
