@@ -12,7 +12,7 @@ from models.answer_scoring import score_answers
 from models.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC, MultipleChoiceScores
 from rewards.judge import JudgeClient, JudgeSettings
 
-SERVER = Path(__file__).resolve().parents[1] / "judge_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "helpers" / "judge_server.py"
 
 
 def meta(problem_type: str, answer: str, key: str, options: list[str] | None = None) -> dict:
