@@ -92,6 +92,30 @@ def _process_state_restored():
         sys.argv, warnings.showwarning = argv, showwarning
 
 
+@contextlib.contextmanager
+def _console_handlers_write_to(stream: io.StringIO):
+    """Give Lightning's loggers the console handler a fresh process gives them, writing to
+    ``stream``: imported with no root handler (a shell), they print INFO lines (the accuracy
+    tables) through their own handler; imported under pytest, they would only propagate.
+    Handlers they already have are pointed at ``stream`` for the run."""
+    from app.logs import LIGHTNING_LOGGERS
+
+    redirected: list[tuple[logging.StreamHandler, object]] = []
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)  # put back by _process_state_restored
+        consoles = [h for h in logger.handlers if type(h) is logging.StreamHandler]
+        if not consoles:
+            logger.addHandler(logging.StreamHandler(stream))
+            logger.propagate = False
+        redirected += [(handler, handler.setStream(stream)) for handler in consoles]
+    try:
+        yield
+    finally:
+        for handler, old in redirected:
+            if old is not None:
+                handler.setStream(old)
+
+
 def lvrl(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``lvrl ARGS`` in this process, from the repository root; returns what a subprocess would
     (exit status, stdout, stderr as text), whatever the status."""
@@ -102,7 +126,11 @@ def lvrl(*args: str, extra_env: dict[str, str] | None = None) -> subprocess.Comp
         os.environ.update({"WANDB_MODE": "offline", **(extra_env or {})})
         os.chdir(REPO_ROOT)
         sys.argv = ["lvrl", *args]
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            _console_handlers_write_to(stderr),
+        ):
             try:
                 main()
                 code = 0
