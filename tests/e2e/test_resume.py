@@ -127,9 +127,9 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
     assert_same_run(run_dir, uninterrupted)
 
 
-GRPO_STEPS = 6
-# The GRPO runs read 2 of the 6 training shards: 8 samples, an epoch of 4 steps.
-GRPO_SHARDS = "train-0000[01].tar"
+GRPO_STEPS = 4
+# The GRPO runs read 1 of the 6 training shards: 4 samples, an epoch of 2 steps.
+GRPO_SHARDS = "train-00000.tar"
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def uninterrupted_grpo(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
 @pytest.mark.parametrize(
     ("sig", "after_step", "checkpoint_step"),
     [
-        (signal.SIGKILL, 5, 4),  # mid-step 6; the step-4 checkpoint is at the epoch boundary
+        (signal.SIGKILL, 3, 2),  # mid-step 4; the step-2 checkpoint is at the epoch boundary
         (signal.SIGTERM, 2, None),  # a checkpoint of the step during which the signal came
     ],
 )
@@ -162,7 +162,7 @@ def test_a_grpo_run_resumes_exactly(
 
     got, expected = steps_of(killed), steps_of(uninterrupted_grpo)
     assert sorted(got) == sorted(expected) == list(range(1, GRPO_STEPS + 1))
-    assert {tuple(s) for s in expected[5]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 5 opens epoch 2
+    assert {tuple(s) for s in expected[3]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 3 opens epoch 2
     for step in expected:
         assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
         for field in ("rollout_logprob_sum", "loss", "reward"):

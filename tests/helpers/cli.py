@@ -11,6 +11,7 @@ the installed entry point itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
@@ -80,6 +81,7 @@ def _process_state_restored():
         wandb = sys.modules.get("wandb")
         if wandb is not None and wandb.run is not None:
             wandb.finish()  # else the next run's WandbLogger would log into this run
+        gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
         uninstall_run_logging()
         for logger, handlers, propagate, level in saved:
             logger.handlers[:] = handlers
