@@ -23,7 +23,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check .
-	WANDB_MODE=offline $(PY) -m pytest -q tests
+	WANDB_MODE=offline $(PY) -m pytest -q
 
 lint: setup
 	$(PY) -m ruff check .

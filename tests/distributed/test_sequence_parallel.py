@@ -24,8 +24,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from scoring_helpers import video_scoring_rows
-from tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
+from helpers.scoring_helpers import video_scoring_rows
+from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings

@@ -9,9 +9,9 @@ import warnings
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
-from log_state import restored_loggers  # noqa: F401  (fixture)
-from test_sft_cli import fit_args
+from helpers.cli import REPO_ROOT
+from helpers.log_state import restored_loggers  # noqa: F401  (fixture)
+from helpers.runs import fit_args
 
 from app.cli import COMMANDS, main
 

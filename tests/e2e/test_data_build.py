@@ -1,4 +1,7 @@
-"""`lvrl data build`: released JSONL rows + video files -> shards, rejects file, manifest; resumable."""
+"""`lvrl data build`: released JSONL rows + video files -> shards, rejects file, manifest; resumable.
+
+The first build is an `lvrl data build` subprocess (the entry point of the data tools); the
+refused arguments go through the same command in this process."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_sft_cli import run_cli, run_cli_expecting_failure
+from helpers.cli import run_cli, run_lvrl_expecting_failure
 
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from datamodules.shards import resolve_shards
@@ -259,7 +262,7 @@ def test_build_refuses_bad_arguments_clearly(released, tmp_path):
     (tmp_path / "taken" / "train-00000.tar").write_bytes(b"")
     with pytest.raises(BuildError, match="no build state"):
         build_shards(BuildSettings(jsonl, videos, tmp_path / "taken"), progress=False)
-    done = run_cli_expecting_failure(
+    done = run_lvrl_expecting_failure(
         "data",
         "build",
         "--jsonl",

@@ -1,4 +1,6 @@
-"""`lvrl validate --config configs/eval/longvideo_reason.yaml`: released eval layout -> table + 3 files."""
+"""`lvrl validate --config configs/eval/longvideo_reason.yaml`: released eval layout -> table + 3 files.
+
+Every `lvrl` command here runs in this process (:func:`helpers.cli.run_lvrl`)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_sft_cli import run_cli
+from helpers.cli import run_lvrl
 
 CPU_OVERRIDES = [
     "--trainer.accelerator", "cpu",
@@ -39,12 +41,12 @@ def eval_shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[di
     """12 synthetic multiple-choice questions written in the released eval layout, 2 numerical
     and 1 open-ended one beside them, built into shards."""
     root = tmp_path_factory.mktemp("released_eval")
-    run_cli("data", "synth", "--released", "--out", str(root), "--num-train", "0", "--num-val", "12",
+    run_lvrl("data", "synth", "--released", "--out", str(root), "--num-train", "0", "--num-val", "12",
             "--num-test", "0", "--frames", "20", "--fps", "2")  # fmt: skip
     rows = [json.loads(line) for line in (root / "val.jsonl").read_text().splitlines()]
     with (root / "val.jsonl").open("a") as f:
         f.writelines(json.dumps(row) + "\n" for row in other_type_rows(rows))
-    run_cli("data", "build", "--jsonl", str(root / "val.jsonl"), "--videos-root", str(root / "videos"),
+    run_lvrl("data", "build", "--jsonl", str(root / "val.jsonl"), "--videos-root", str(root / "videos"),
             "--out", str(root / "shards"), "--split", "eval", "--no-progress")  # fmt: skip
     return root / "shards", rows
 
@@ -54,7 +56,7 @@ def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
 ):
     shards, rows = eval_shards
     run_dir = tmp_path / "eval"
-    result = run_cli(
+    result = run_lvrl(
         "validate", "--config", "configs/eval/longvideo_reason.yaml",
         "--model.model_path", str(tiny_model_dir),
         "--data.val_shards", str(shards / "eval-*.tar"),

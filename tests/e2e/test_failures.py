@@ -1,5 +1,8 @@
 """Fault isolation in GRPO runs: a crashed rollout engine is restarted once, non-finite updates are
-skipped, and a run that cannot go on stops with a clear message and a usable checkpoint."""
+skipped, and a run that cannot go on stops with a clear message and a usable checkpoint.
+
+The runs go through the real CLI in this process (:func:`helpers.cli.lvrl`): what ends a run
+here is an exception the CLI turns into an exit status, not the process dying."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ from pathlib import Path
 
 import torch
 import yaml
-from test_resume import ENV, grpo_config, steps_of
-from test_sft_cli import logged, run_cli, run_cli_expecting_failure
+from helpers.cli import run_lvrl, run_lvrl_expecting_failure
+from helpers.probed_runs import grpo_config
+from helpers.runs import logged, steps_of
 
 
 def with_probes(config_path: Path, before_rollout: list[dict], model_args: dict | None = None) -> Path:
@@ -22,7 +26,7 @@ def with_probes(config_path: Path, before_rollout: list[dict], model_args: dict 
 def advantages_probe(config_path: Path, **init_args: object) -> None:
     config = yaml.safe_load(config_path.read_text())
     for callback in config["trainer"]["callbacks"]:
-        if callback["class_path"] == "resume_probe.SeededAdvantages":
+        if callback["class_path"] == "helpers.resume_probe.SeededAdvantages":
             callback["init_args"] = init_args
     config_path.write_text(yaml.safe_dump(config))
 
@@ -30,9 +34,9 @@ def advantages_probe(config_path: Path, **init_args: object) -> None:
 def test_a_crashed_engine_is_restarted_and_a_nan_update_is_skipped(tmp_path, synth_dir, tiny_model_dir):
     run_dir = tmp_path / "run"
     config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
-    with_probes(config, [{"class_path": "resume_probe.EngineKiller", "init_args": {"at_step": 1}}])
+    with_probes(config, [{"class_path": "helpers.resume_probe.EngineKiller", "init_args": {"at_step": 1}}])
     advantages_probe(config, nan_from_step=2, nan_times=1)
-    result = run_cli("fit", "--config", str(config), extra_env=ENV)
+    result = run_lvrl("fit", "--config", str(config))
     output = result.stdout + result.stderr
     assert "step 1: the rollout engine failed" in output and "restarting it" in output
     assert "step 2: non-finite loss, update skipped (1 in a row, 1 in all" in output
@@ -47,9 +51,12 @@ def test_a_crashed_engine_is_restarted_and_a_nan_update_is_skipped(tmp_path, syn
 def test_an_engine_that_fails_again_stops_the_run_with_a_checkpoint(tmp_path, synth_dir, tiny_model_dir):
     run_dir = tmp_path / "run"
     config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
-    killer = {"class_path": "resume_probe.EngineKiller", "init_args": {"at_step": 1, "every_restart": True}}
+    killer = {
+        "class_path": "helpers.resume_probe.EngineKiller",
+        "init_args": {"at_step": 1, "every_restart": True},
+    }
     with_probes(config, [killer])
-    result = run_cli_expecting_failure("fit", "--config", str(config), extra_env=ENV)
+    result = run_lvrl_expecting_failure("fit", "--config", str(config))
     assert result.returncode == 1, result.stderr[-3000:]
     assert "training stopped: the rollout engine failed again after a restart at step 1" in result.stderr
     assert "continue with --ckpt_path last" in result.stderr
@@ -61,7 +68,7 @@ def test_consecutive_nan_updates_stop_the_run_with_the_last_good_weights(tmp_pat
     config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=6)
     with_probes(config, [], {"max_consecutive_nonfinite": 2})
     advantages_probe(config, nan_from_step=2)
-    result = run_cli_expecting_failure("fit", "--config", str(config), extra_env=ENV)
+    result = run_lvrl_expecting_failure("fit", "--config", str(config))
     assert "training stopped: 2 consecutive updates had a non-finite loss" in result.stderr
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2

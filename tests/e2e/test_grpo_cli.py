@@ -1,20 +1,21 @@
-"""GRPO end to end on the tiny model: `lvrl fit` with each rollout engine, and the encode-once rule."""
+"""GRPO end to end on the tiny model: `lvrl fit` with each rollout engine, and the encode-once rule.
+
+The `lvrl fit` runs go through the real CLI in this process (:func:`helpers.cli.run_lvrl`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT
-from grpo_helpers import fit_tiny_grpo
-from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
-from tolerances import EPS32, FORWARD_ULPS
+from helpers.cli import run_lvrl, run_lvrl_expecting_failure
+from helpers.grpo_helpers import fit_tiny_grpo
+from helpers.rollout_settings import engine_gap_bar, engine_init_args, tiny_rollout_settings
+from helpers.runs import logged, tiny_data_args
 
 EXPECTED_METRICS = (
     "reward/accuracy_mean",
@@ -40,40 +41,6 @@ EXPECTED_METRICS = (
 )
 
 
-def engine_gap_bar(model_dir: Path) -> float:
-    """The bar for ``rollout/logprob_diff_max``, the largest |trainer - engine| log-prob of a run.
-
-    Trainer and engine compute the same float32 log-probs with other kernels, so they differ by
-    rounding: FORWARD_ULPS of the log-probs' scale. The log only carries the gap, so the scale
-    is stated: 2 ln V (13.9 for the tiny model's 1024 tokens), since log p = z - logsumexp(z)
-    rounds with the log-sum-exp (~ln V for the near-uniform tiny model) and a sampled token's
-    |log p| stays below 2 ln V. That is 4e-4, while stale weights after a sync or a wrong
-    position give gaps >= 1e-2.
-    """
-    from transformers import AutoConfig
-
-    vocab_size = AutoConfig.from_pretrained(model_dir).text_config.vocab_size
-    return FORWARD_ULPS * EPS32 * 2 * math.log(vocab_size)
-
-
-ENGINES = {
-    "vllm": {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": {"max_model_len": 1024}},
-    "transformers": {"class_path": "rollout.hf_engine.TransformersEngine"},
-}
-"""The rollout engines by name, as a config's ``engine:`` entry."""
-
-
-def tiny_rollout_settings(source: str, engine: str = "vllm") -> dict:
-    """A demo GRPO config with rollouts small enough for the tiny model: 4 completions of 8 tokens."""
-    config = yaml.safe_load((REPO_ROOT / source).read_text())
-    rollout = config["trainer"]["callbacks"][0]
-    assert rollout["class_path"] == "callbacks.rl_rollout.RolloutCallback"
-    rollout["init_args"].update(
-        engine=ENGINES[engine], num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
-    )
-    return config
-
-
 def tiny_grpo_config(tmp_path: Path, engine: str) -> Path:
     path = tmp_path / f"grpo-{engine}.yaml"
     path.write_text(yaml.safe_dump(tiny_rollout_settings("configs/demo/grpo.yaml", engine)))
@@ -85,7 +52,7 @@ def test_three_grpo_steps_log_every_metric(
     engine: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    run_cli(
+    run_lvrl(
         "fit",
         "--config",
         str(tiny_grpo_config(tmp_path, engine)),
@@ -119,7 +86,6 @@ def test_vision_tower_runs_once_per_prompt_per_step(
     from callbacks.rl_rollout import RolloutCallback
     from models.grpo import GRPOModule
     from models.vision import vision_tower
-    from rollout.hf_engine import TransformersEngine
 
     calls = []
 
@@ -133,7 +99,9 @@ def test_vision_tower_runs_once_per_prompt_per_step(
 
     steps, prompts, generations = 2, 2, 4
     module = GRPOModule(str(tiny_model_dir), learning_rate=1e-3, kl_coef=0.01, max_new_tokens=8)
-    rollout = RolloutCallback(engine=TransformersEngine(), num_generations=generations, max_new_tokens=8)
+    rollout = RolloutCallback(
+        **engine_init_args("transformers"), num_generations=generations, max_new_tokens=8
+    )
     fit_tiny_grpo(
         module,
         tiny_model_dir,
@@ -154,7 +122,6 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     from callbacks.rl_rollout import RolloutCallback
     from models.grpo import GRPOModule
     from models.vision import vision_tower
-    from rollout.hf_engine import TransformersEngine
 
     calls, grads = [], []
 
@@ -171,7 +138,7 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
     module = GRPOModule(
         str(tiny_model_dir), learning_rate=1e-3, freeze_vision=False, kl_coef=0.01, max_new_tokens=8
     )
-    rollout = RolloutCallback(engine=TransformersEngine(), num_generations=2, max_new_tokens=8)
+    rollout = RolloutCallback(**engine_init_args("transformers"), num_generations=2, max_new_tokens=8)
     with caplog.at_level(logging.WARNING, logger="models.grpo"):
         fit_tiny_grpo(module, tiny_model_dir, synth_dir, tmp_path, steps=1, callbacks=[Watch(), rollout])
     assert "re-encodes" in caplog.text
@@ -182,7 +149,7 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
 def test_trainer_gradient_clipping_is_redirected_to_the_module(
     tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
-    result = run_cli_expecting_failure(
+    result = run_lvrl_expecting_failure(
         "fit",
         "--config", str(tiny_grpo_config(tmp_path, "transformers")),
         "--trainer.default_root_dir", str(tmp_path / "run"),

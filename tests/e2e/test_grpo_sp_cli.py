@@ -1,7 +1,11 @@
 """`lvrl fit --config configs/demo/grpo_sp2.yaml`: 2 CPU processes, one sequence-parallel group, vLLM.
 
-Three GRPO steps run end to end, and the first step's loss and gradient norm (gradients summed
-over the group by the strategy) equal a one-process computation on the very same rollout batch.
+Two GRPO steps run end to end, and the first step's loss and gradient norm (gradients summed
+over the group by the strategy) equal a one-process computation on the very same rollout batch:
+with Ulysses attention under Lightning's launcher, with ring attention under torchrun.
+
+The multi-process runs are `lvrl` subprocesses (a launcher starts the ranks); the layouts
+refused before any process is launched are checked through the CLI in this process.
 """
 
 from __future__ import annotations
@@ -16,16 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT
-from test_grpo_cli import engine_gap_bar, tiny_rollout_settings
-from test_sft_cli import logged, run_cli, run_cli_expecting_failure, tiny_data_args
-from tolerances import GRADIENT_ULPS, assert_float32_close
+from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli, run_cli_expecting_failure, run_lvrl_expecting_failure
+from helpers.rollout_settings import engine_gap_bar, tiny_rollout_settings
+from helpers.runs import logged, tiny_data_args
+from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
 
 from models.grpo import loss_normalizers
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.rl.losses import policy_loss
 from rollout.experience import RolloutBatch
+
+STEPS = 2
 
 
 def free_port() -> int:
@@ -42,7 +48,7 @@ def sp_config(tmp_path: Path, attention: str) -> Path:
     callbacks.insert(
         1,
         {
-            "class_path": "sp_probe.FixedAdvantagesAndRecord",
+            "class_path": "helpers.sp_probe.FixedAdvantagesAndRecord",
             "init_args": {"out_dir": str(tmp_path / "probe")},
         },
     )
@@ -51,33 +57,50 @@ def sp_config(tmp_path: Path, attention: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("attention", ["ulysses", "ring"])
+def sp2_fit(
+    launcher: str, config: Path, run_dir: Path, model_dir: Path, synth_dir: Path, kl_coef: float
+) -> None:
+    """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher or by torchrun."""
+    args = [
+        "fit",
+        "--config", str(config),
+        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.max_steps", str(STEPS),
+        "--trainer.limit_val_batches", "0",
+        "--model.init_args.model_path", str(model_dir),
+        "--model.init_args.kl_coef", str(kl_coef),
+        "--model.init_args.learning_rate", "1e-3",
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    ]  # fmt: skip
+    if launcher == "lightning":
+        run_cli(*args, extra_env=PROBES_ENV)
+        return
+    command = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--nproc_per_node", "2", "--master_port", str(free_port()),
+        "-m", "app", *args,
+    ]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "offline", **PROBES_ENV}
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+@pytest.mark.parametrize(
+    ("attention", "launcher"),
+    [
+        ("ulysses", "lightning"),
+        # The same config launched by torchrun (2 processes) instead of Lightning's launcher.
+        ("ring", "torchrun"),
+    ],
+)
 def test_sp2_fit_matches_one_process(
-    attention: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+    attention: str, launcher: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     kl_coef = 0.01
-    run_cli(
-        "fit",
-        "--config",
-        str(sp_config(tmp_path, attention)),
-        "--trainer.default_root_dir",
-        str(run_dir),
-        "--trainer.max_steps",
-        "3",
-        "--trainer.limit_val_batches",
-        "0",
-        "--model.init_args.model_path",
-        str(tiny_model_dir),
-        "--model.init_args.kl_coef",
-        str(kl_coef),
-        "--model.init_args.learning_rate",
-        "1e-3",
-        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-        extra_env={"PYTHONPATH": str(REPO_ROOT / "tests")},
-    )
+    sp2_fit(launcher, sp_config(tmp_path, attention), run_dir, tiny_model_dir, synth_dir, kl_coef)
     losses, grad_norms = logged(run_dir, "train/loss"), logged(run_dir, "train/grad_norm")
-    assert len(losses) == 3 and len(grad_norms) == 3
+    assert len(losses) == STEPS and len(grad_norms) == STEPS
     assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
 
     # Both ranks trained on one rollout batch (sequence-parallel peers share rollouts).
@@ -134,7 +157,7 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     devices: str, size: str, message: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
     started = time.perf_counter()
-    result = run_cli_expecting_failure(
+    result = run_lvrl_expecting_failure(
         "fit",
         "--config", str(REPO_ROOT / "configs/demo/grpo_sp2.yaml"),
         "--trainer.default_root_dir", str(tmp_path / "run"),
@@ -165,27 +188,6 @@ def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, t
     """SFT does not score with a shard: its peers would each add the whole gradient."""
     result = run_cli_expecting_failure("fit", *sft_under_sp2_args(tiny_model_dir, synth_dir, tmp_path))
     assert "SFTModule does not split sequences across ranks" in result.stderr
-
-
-def test_sp2_runs_under_torchrun(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
-    """The same config launched by torchrun (2 processes) instead of Lightning's launcher."""
-    run_dir = tmp_path / "run"
-    command = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "-m", "app", "fit",
-        "--config", str(sp_config(tmp_path, "ring")),
-        "--trainer.default_root_dir", str(run_dir),
-        "--trainer.max_steps", "2",
-        "--trainer.limit_val_batches", "0",
-        "--model.init_args.model_path", str(tiny_model_dir),
-        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    ]  # fmt: skip
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO_ROOT / "tests")}
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert len(logged(run_dir, "train/loss")) == 2
-    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
 
 
 def test_validation_under_sequence_parallelism_counts_each_question_once(

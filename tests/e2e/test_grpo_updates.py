@@ -7,8 +7,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from grpo_helpers import fit_tiny_grpo
-from tolerances import EPS32, GRADIENT_ULPS, assert_float32_close
+from helpers.grpo_helpers import fit_tiny_grpo
+from helpers.tolerances import EPS32, GRADIENT_ULPS, assert_float32_close
 
 from callbacks.rl_rollout import RolloutCallback
 from core.layout import PositionRule, PromptLayout, ScoringBatch

@@ -16,7 +16,7 @@ import pytest
 from rewards.combine import RewardSpec, compute_rewards
 from rewards.judge import JudgeClient, JudgeSettings
 
-SERVER = Path(__file__).resolve().parents[1] / "judge_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "helpers" / "judge_server.py"
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from engine_helpers import greedy_ids_transformers, greedy_ids_vllm, vllm_engine
+from helpers.engine_helpers import greedy_ids_transformers, greedy_ids_vllm, vllm_engine
 
 from models.loading import load_processor
 

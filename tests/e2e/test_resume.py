@@ -5,7 +5,11 @@ if nothing happened: same samples in the same order, same per-step losses, same 
 code, and the checkpoint restores weights, optimizer state, RNG states and the data position
 exactly, so every later step repeats the same float operations in the same order (vLLM's
 sampling included: same weights, prompts and seeds). Measured: 0 difference in all of the
-~220 comparisons. A nonzero difference is a lost piece of state, not rounding."""
+~220 comparisons. A nonzero difference is a lost piece of state, not rounding.
+
+Only the runs that are killed are `lvrl fit` subprocesses (a signal or SIGKILL ends a process);
+the uninterrupted reference runs and the resumed runs go through the same CLI in this process
+(:func:`helpers.cli.run_lvrl`)."""
 
 from __future__ import annotations
 
@@ -20,77 +24,29 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_grpo_cli import tiny_rollout_settings
-from test_sft_cli import REPO_ROOT, run_cli
-from tolerances import assert_identical
+from helpers.cli import PROBES_ENV, REPO_ROOT, run_lvrl
+from helpers.probed_runs import grpo_config, sft_config
+from helpers.runs import steps_of, weights_of
+from helpers.tolerances import assert_identical
 
-MAX_STEPS = 16
-CHECKPOINT_EVERY = 4
-# 24 training samples, batches of 2 from one worker: an epoch is 12 steps.
-STEPS_PER_EPOCH = 12
+MAX_STEPS = 6
+CHECKPOINT_EVERY = 2
+# The SFT runs read 2 of the 6 training shards: 8 samples, batches of 2 from one worker, an
+# epoch of 4 steps.
+SFT_SHARDS = "train-0000[01].tar"
+STEPS_PER_EPOCH = 4
 
 
-def _recorded_run(
-    config: dict, run_dir: Path, synth_dir: Path, max_steps: int, train_shards: str = "train-*.tar"
-) -> dict:
-    """Make a demo config small (CSV logs only, no validation, 2 samples of 8 frames per step from
-    one worker); returns the step recorder's callback spec, writing into the run folder."""
-    config["trainer"].update(
-        default_root_dir=str(run_dir),
-        max_steps=max_steps,
-        limit_val_batches=0,
-        log_every_n_steps=1,
-        logger=[
-            {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": str(run_dir), "name": "csv"},
-            }
-        ],
+def recorded_sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
+    return sft_config(
+        tmp_path,
+        run_dir,
+        synth_dir,
+        model_dir,
+        max_steps=MAX_STEPS,
+        checkpoint_every=CHECKPOINT_EVERY,
+        train_shards=SFT_SHARDS,
     )
-    config["data"]["init_args"].update(
-        train_shards=str(synth_dir / train_shards),
-        val_shards=str(synth_dir / "val-*.tar"),
-        num_frames=8,
-        batch_size=2,
-        num_workers=1,
-        shuffle_buffer=8,
-    )
-    return {"class_path": "resume_probe.StepRecorder", "init_args": {"out": str(run_dir / "steps.jsonl")}}
-
-
-def sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/sft.yaml").read_text())
-    recorder = _recorded_run(config, run_dir, synth_dir, MAX_STEPS)
-    trainer = config["trainer"]
-    trainer["callbacks"] = [
-        {
-            "class_path": "callbacks.checkpoint.RunCheckpoint",
-            "init_args": {"every_n_train_steps": CHECKPOINT_EVERY},
-        },
-        recorder,
-    ]
-    config["model"]["init_args"].update(model_path=str(model_dir), warmup_steps=2, learning_rate=1e-3)
-    path = tmp_path / f"{run_dir.name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-ENV = {"PYTHONPATH": str(REPO_ROOT / "tests")}
-
-
-def steps_of(run_dir: Path) -> dict[int, dict]:
-    """Per step, the last record written for it (a resumed run re-does the steps after its checkpoint)."""
-    records = {}
-    for line in (run_dir / "steps.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records[record["step"]] = record
-    return records
-
-
-def weights_of(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
-        "state_dict"
-    ]
 
 
 def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
@@ -98,7 +54,7 @@ def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(config)],
         cwd=REPO_ROOT,
-        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **ENV},
+        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
@@ -128,7 +84,7 @@ def run_until(config: Path, run_dir: Path, step: int, sig: int, timeout: float =
 def uninterrupted(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("resume")
     run_dir = tmp / "whole"
-    run_cli("fit", "--config", str(sft_config(tmp, run_dir, synth_dir, tiny_model_dir)), extra_env=ENV)
+    run_lvrl("fit", "--config", str(recorded_sft_config(tmp, run_dir, synth_dir, tiny_model_dir)))
     return run_dir
 
 
@@ -147,19 +103,19 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
 def test_the_uninterrupted_run_crosses_an_epoch_boundary(uninterrupted):
     steps = steps_of(uninterrupted)
     first_epoch = [k for s in range(1, STEPS_PER_EPOCH + 1) for k in steps[s]["keys"]]
-    assert len(first_epoch) == len(set(first_epoch)) == 24  # every sample once, then epoch 2
+    assert len(first_epoch) == len(set(first_epoch)) == 8  # every sample once, then epoch 2
     assert set(steps[STEPS_PER_EPOCH + 1]["keys"]) <= set(first_epoch)
 
 
 @pytest.mark.parametrize(
     ("sig", "after_step"),
     [
-        (signal.SIGKILL, 13),  # resumes from step 12: at the epoch boundary
+        (signal.SIGKILL, 5),  # resumes from step 4: at the epoch boundary
     ],
 )
 def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_model_dir, sig, after_step):
     run_dir = tmp_path / "killed"
-    config = sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    config = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
     code = run_until(config, run_dir, after_step, sig)
     assert code == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -167,36 +123,13 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
         assert saved["global_step"] >= after_step  # saved at the signal, not at the last periodic save
     else:
         assert saved["global_step"] == after_step // CHECKPOINT_EVERY * CHECKPOINT_EVERY
-    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
+    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
     assert_same_run(run_dir, uninterrupted)
 
 
-GRPO_STEPS = 6
-# The GRPO runs read 2 of the 6 training shards: 8 samples, an epoch of 4 steps.
-GRPO_SHARDS = "train-0000[01].tar"
-
-
-def grpo_config(
-    tmp_path: Path,
-    run_dir: Path,
-    synth_dir: Path,
-    model_dir: Path,
-    max_steps: int,
-    train_shards: str = "train-*.tar",
-) -> Path:
-    config = tiny_rollout_settings("configs/demo/grpo.yaml", "vllm")
-    recorder = _recorded_run(config, run_dir, synth_dir, max_steps, train_shards)
-    rollout = config["trainer"]["callbacks"][0]
-    config["trainer"]["callbacks"] = [
-        rollout,
-        {"class_path": "resume_probe.SeededAdvantages"},
-        {"class_path": "callbacks.checkpoint.RunCheckpoint", "init_args": {"every_n_train_steps": 2}},
-        recorder,
-    ]
-    config["model"]["init_args"].update(model_path=str(model_dir), learning_rate=1e-3, max_new_tokens=8)
-    path = tmp_path / f"{run_dir.name}-grpo.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+GRPO_STEPS = 4
+# The GRPO runs read 1 of the 6 training shards: 4 samples, an epoch of 2 steps.
+GRPO_SHARDS = "train-00000.tar"
 
 
 @pytest.fixture(scope="module")
@@ -204,14 +137,14 @@ def uninterrupted_grpo(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("resume_grpo")
     run_dir = tmp / "whole"
     config = grpo_config(tmp, run_dir, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
-    run_cli("fit", "--config", str(config), extra_env=ENV)
+    run_lvrl("fit", "--config", str(config))
     return run_dir
 
 
 @pytest.mark.parametrize(
     ("sig", "after_step", "checkpoint_step"),
     [
-        (signal.SIGKILL, 5, 4),  # mid-step 6; the step-4 checkpoint is at the epoch boundary
+        (signal.SIGKILL, 3, 2),  # mid-step 4; the step-2 checkpoint is at the epoch boundary
         (signal.SIGTERM, 2, None),  # a checkpoint of the step during which the signal came
     ],
 )
@@ -225,11 +158,11 @@ def test_a_grpo_run_resumes_exactly(
     assert run_until(config, killed, after_step, sig) == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
     saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
     assert saved == checkpoint_step if checkpoint_step is not None else after_step <= saved < GRPO_STEPS
-    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=ENV)
+    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
 
     got, expected = steps_of(killed), steps_of(uninterrupted_grpo)
     assert sorted(got) == sorted(expected) == list(range(1, GRPO_STEPS + 1))
-    assert {tuple(s) for s in expected[5]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 5 opens epoch 2
+    assert {tuple(s) for s in expected[3]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 3 opens epoch 2
     for step in expected:
         assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
         for field in ("rollout_logprob_sum", "loss", "reward"):
@@ -241,11 +174,11 @@ def test_a_grpo_run_resumes_exactly(
 
 def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, synth_dir, tiny_model_dir):
     run_dir = tmp_path / "run"
-    config_path = sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    config_path = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
     config = yaml.safe_load(config_path.read_text())
     config["trainer"]["callbacks"][0]["init_args"]["every_n_train_steps"] = 1
     config["trainer"]["callbacks"].append(
-        {"class_path": "resume_probe.Ballast", "init_args": {"megabytes": 400}}
+        {"class_path": "helpers.resume_probe.Ballast", "init_args": {"megabytes": 400}}
     )
     config_path.write_text(yaml.safe_dump(config))
     process = start_fit(config_path, stderr=subprocess.DEVNULL)
@@ -266,7 +199,7 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, 
     saved = torch.load(folder / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["global_step"] >= 1 and saved["ballast"].numel() == 400 * 2**18
     # Resuming picks the complete checkpoint and clears the half-written file.
-    run_cli(
+    run_lvrl(
         "fit",
         "--config",
         str(config_path),
@@ -274,7 +207,6 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, 
         "last",
         "--trainer.max_steps",
         str(saved["global_step"] + 1),
-        extra_env=ENV,
     )
     assert not list(folder.glob("*.partial-*"))
     assert (

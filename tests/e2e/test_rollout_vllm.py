@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tolerances import FORWARD_ULPS, assert_float32_close
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 

@@ -1,108 +1,26 @@
-"""`lvrl fit` / `lvrl validate` end to end on the tiny model: checkpoint, resume, HF export, bad data."""
+"""`lvrl fit` / `lvrl validate` end to end on the tiny model: checkpoint, resume, HF export, bad data.
+
+The first fit and the validation run as `lvrl` subprocesses (the entry points themselves); the
+resumed fit and the runs on bad data in this process (:func:`helpers.cli.run_lvrl`)."""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
-from conftest import REPO_ROOT
-from tolerances import assert_identical
+from helpers.bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
+from helpers.cli import run_cli, run_lvrl, run_lvrl_expecting_failure
+from helpers.runs import fit_args, logged
+from helpers.tolerances import assert_identical
 
 from datatools.synthetic import SynthConfig
 
 
-def _run(
-    args: tuple[str, ...], timeout: int, extra_env: dict[str, str] | None
-) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-
-
-def run_cli(
-    *args: str, timeout: int = 600, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """``lvrl ARGS`` in a subprocess (offline wandb); fails the test with the output if it fails."""
-    result = _run(args, timeout, extra_env)
-    assert result.returncode == 0, (
-        f"lvrl {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    )
-    return result
-
-
-def run_cli_expecting_failure(
-    *args: str, timeout: int = 300, extra_env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
-    """``lvrl ARGS`` that must exit non-zero; returns the result so the message can be checked."""
-    result = _run(args, timeout, extra_env)
-    assert result.returncode != 0, f"lvrl {' '.join(args)} succeeded unexpectedly:\n{result.stderr[-2000:]}"
-    return result
-
-
-def fit_args(run_dir: Path, model_dir: Path, train: str, val: str, max_steps: int) -> list[str]:
-    return [
-        "fit",
-        "--config",
-        "configs/demo/sft.yaml",
-        "--trainer.default_root_dir",
-        str(run_dir),
-        "--trainer.max_steps",
-        str(max_steps),
-        "--trainer.val_check_interval",
-        "2",
-        "--trainer.limit_val_batches",
-        "1",
-        "--trainer.log_every_n_steps",
-        "1",
-        "--model.init_args.model_path",
-        str(model_dir),
-        "--model.init_args.max_new_tokens",
-        "8",
-        "--model.init_args.learning_rate",
-        "1e-3",
-        "--model.init_args.warmup_steps",
-        "4",
-        "--model.init_args.lr_schedule",
-        "constant",
-        *tiny_data_args(train, val),
-    ]
-
-
-def tiny_data_args(train: str, val: str) -> list[str]:
-    """Data overrides shared by the CLI tests: the given shards, 8 frames, batches of 2, no workers."""
-    return [
-        "--data.init_args.train_shards", train,
-        "--data.init_args.val_shards", val,
-        "--data.init_args.num_frames", "8",
-        "--data.init_args.batch_size", "2",
-        "--data.init_args.num_workers", "0",
-    ]  # fmt: skip
-
-
-def logged(run_dir: Path, metric: str) -> list[float]:
-    """Values of a metric in the CSV logs of all runs in ``run_dir``, in run order."""
-    values = []
-    for path in sorted(run_dir.glob("csv/version_*/metrics.csv")):
-        with path.open() as f:
-            values += [float(row[metric]) for row in csv.DictReader(f) if row.get(metric)]
-    return values
-
-
 def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
-    from engine_helpers import greedy_ids_transformers, greedy_ids_vllm
+    from helpers.engine_helpers import greedy_ids_transformers, greedy_ids_vllm
 
     run_dir = tmp_path / "run"
     train, val = str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")
@@ -115,7 +33,7 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
     assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
 
     # Resume: the next run continues at global step 2 and stops at 4.
-    run_cli(*fit_args(run_dir, tiny_model_dir, train, val, max_steps=4), "--ckpt_path", "last")
+    run_lvrl(*fit_args(run_dir, tiny_model_dir, train, val, max_steps=4), "--ckpt_path", "last")
     assert torch.load(last, weights_only=False)["global_step"] == 4
     assert logged(run_dir, "train/global_step") == [0, 1, 2, 3]
     # The scheduler resumed too: the 4-step warm-up carries on where it stopped.
@@ -179,7 +97,7 @@ def test_broken_samples_train_on_with_named_warnings(
     shard = tmp_path / "mixed-00000.tar"
     write_shard_with_broken_samples(shard, SynthConfig(num_frames=20, size=56), good=6)
     run_dir = tmp_path / "run"
-    result = run_cli(
+    result = run_lvrl(
         *fit_args(run_dir, tiny_model_dir, str(shard), str(synth_dir / "val-*.tar"), max_steps=3)
     )
     for key in BROKEN_KEYS:
@@ -200,6 +118,6 @@ def test_missing_shards_fail_before_training(
     tiny_model_dir: Path, tmp_path: Path, shards: str, message: str
 ) -> None:
     spec = shards.format(tmp=tmp_path)
-    result = run_cli_expecting_failure(*fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1))
+    result = run_lvrl_expecting_failure(*fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1))
     assert spec in result.stderr and message in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

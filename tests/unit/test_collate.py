@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tolerances import assert_float32_close
+from helpers.tolerances import assert_float32_close
 from transformers import AutoConfig, AutoProcessor
 
 from core.layout import PositionRule

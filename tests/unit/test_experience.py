@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoProcessor
 
 from core.failures import RolloutFailed

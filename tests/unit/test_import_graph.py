@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from conftest import REPO_ROOT
+from helpers.cli import REPO_ROOT
 
 ALLOWED: dict[str, set[str]] = {
     "core": set(),

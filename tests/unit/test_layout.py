@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tolerances import assert_identical
+from helpers.tolerances import assert_identical
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch
 from core.positions import mrope_position_ids

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from scoring_helpers import video_scoring_rows
-from tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
+from helpers.scoring_helpers import video_scoring_rows
+from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from core.layout import ScoringBatch
 from models.loading import load_model

@@ -7,7 +7,7 @@ import io
 import logging
 import warnings
 
-from log_state import restored_loggers  # noqa: F401  (fixture)
+from helpers.log_state import restored_loggers  # noqa: F401  (fixture)
 
 from app.logs import LOG_FILE_NAME, install_run_logging
 

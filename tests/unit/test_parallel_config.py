@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tolerances import EPS_BF16, assert_close_in_ulps
+from helpers.tolerances import EPS_BF16, assert_close_in_ulps
 
 from parallel.encoding import temporal_patch_runs
 from parallel.mesh import check_attention_heads, mesh_shape

@@ -17,7 +17,7 @@ import math
 
 import pytest
 import torch
-from tolerances import assert_float32_close, assert_identical
+from helpers.tolerances import assert_float32_close, assert_identical
 
 from models.rl import aggregate_loss, kl_penalty, policy_loss
 from rollout.advantages import (

@@ -12,7 +12,7 @@ from evaluation.metrics import CHOICE, JUDGED, NOT_SCORED, NUMERIC, MultipleChoi
 from evaluation.scoring import score_answers
 from rewards.judge import JudgeClient, JudgeSettings
 
-SERVER = Path(__file__).resolve().parents[1] / "judge_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "helpers" / "judge_server.py"
 
 
 def meta(problem_type: str, answer: str, key: str, options: list[str] | None = None) -> dict:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tolerances import FORWARD_ULPS, assert_float32_close
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoConfig, AutoProcessor
 
 from core.layout import PositionRule

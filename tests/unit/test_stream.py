@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import webdataset as wds
-from bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
+from helpers.bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
 from transformers import AutoProcessor
 
 from datamodules.collate import TextTokenCounter

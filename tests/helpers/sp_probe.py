@@ -1,7 +1,7 @@
 """A test callback for sequence-parallel runs: fixed advantages, and the first rollout saved.
 
-Loaded by ``lvrl fit`` subprocesses (``PYTHONPATH=tests``) after the rollout callback. An
-untrained tiny model scores every completion 0, so advantages would be 0 and the loss
+Loaded as ``helpers.sp_probe.FixedAdvantagesAndRecord`` (``PYTHONPATH=tests``) after the
+rollout callback. An untrained tiny model scores every completion 0, so advantages would be 0 and the loss
 trivially equal everywhere; seeded random advantages (identical on every rank) give a loss
 and gradients that depend on every log-prob.
 """

@@ -1,9 +1,9 @@
 """A test callback recording what each training step did: its samples, loss and reward.
 
-Loaded by ``lvrl fit`` subprocesses (``PYTHONPATH=tests``). Appends one JSON line per step to
-``{out}`` (flushed and synced at once, so a run killed mid-step has recorded every finished
-step): ``{"step", "keys", "stream", "epoch", "loss", "reward"}`` (``stream``: each sample's
-(epoch, worker, position) in the data stream).
+Loaded by configs as ``helpers.resume_probe.StepRecorder`` (``PYTHONPATH=tests`` in
+subprocesses). Appends one JSON line per step to ``{out}`` (flushed and synced at once, so a
+run killed mid-step has recorded every finished step): ``{"step", "keys", "stream", "epoch",
+"loss", "reward"}`` (``stream``: each sample's (epoch, worker, position) in the data stream).
 """
 
 from __future__ import annotations
