@@ -81,11 +81,16 @@ def with_atomic_checkpoint_io(plugins: Any, strategy: Any = None) -> Any:
     """The trainer's ``plugins`` with an :class:`AtomicCheckpointIO` added, unless the run chose
     its own checkpoint writer (a ``CheckpointIO`` plugin, or a strategy instance built with one).
 
-    ``plugins`` as the ``Trainer`` takes it: None, one plugin (or its name), or a list.
+    ``plugins`` as the ``Trainer`` takes it: None, one plugin (or its name), or a list. A
+    strategy *instance* carries the writer itself (Lightning refuses one given both there and as
+    a plugin), so it gets the atomic writer through its public ``checkpoint_io`` instead.
     """
     given = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
-    own_strategy_io = isinstance(strategy, Strategy) and type(strategy.checkpoint_io) is not TorchCheckpointIO
-    if own_strategy_io or any(isinstance(plugin, CheckpointIO) for plugin in given):
+    if any(isinstance(plugin, CheckpointIO) for plugin in given):
+        return plugins
+    if isinstance(strategy, Strategy):
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default writer
+            strategy.checkpoint_io = AtomicCheckpointIO()
         return plugins
     return [*given, AtomicCheckpointIO()]
 
