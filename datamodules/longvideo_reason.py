@@ -11,25 +11,10 @@ from transformers import AutoConfig, AutoProcessor
 from core.layout import PositionRule
 from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
-from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
+from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream, data_parallel_coordinates
 from parallel.collectives import gather_from_all_ranks
 
 log = logging.getLogger(__name__)
-
-
-def data_parallel_coordinates(
-    global_rank: int, world_size: int, sequence_parallel_size: int
-) -> tuple[int, int]:
-    """``(data_parallel_rank, data_parallel_size)`` when consecutive ranks form sequence-parallel groups.
-
-    >>> [data_parallel_coordinates(r, 4, 2) for r in range(4)]
-    [(0, 2), (0, 2), (1, 2), (1, 2)]
-    """
-    if sequence_parallel_size < 1 or world_size % sequence_parallel_size:
-        raise ValueError(
-            f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}"
-        )
-    return global_rank // sequence_parallel_size, world_size // sequence_parallel_size
 
 
 def trainer_data_parallel_coordinates(
