@@ -38,7 +38,6 @@ VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi")
 """Video members a sample may hold (``lvrl data build`` keeps each file's own container)."""
 
 
-@dataclass
 def data_parallel_coordinates(
     global_rank: int, world_size: int, sequence_parallel_size: int
 ) -> tuple[int, int]:
@@ -54,6 +53,7 @@ def data_parallel_coordinates(
     return global_rank // sequence_parallel_size, world_size // sequence_parallel_size
 
 
+@dataclass
 class VideoQASample:
     """One decoded sample: the QA row and its sampled frames."""
 
