@@ -21,9 +21,13 @@ setup-gpu:
 demo: setup
 	bash tools/demo.sh $(DEMO_DIR)
 
+# Two pytest workers, whole files each (module fixtures are built once, a file's tests run in
+# order); each worker computes on one thread (tests/conftest.py), so together they fill 2 cores.
+TEST_WORKERS ?= 2
+
 test: setup
 	$(PY) -m ruff check .
-	WANDB_MODE=offline $(PY) -m pytest -q
+	WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(PY) -m ruff check .

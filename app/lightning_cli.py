@@ -16,8 +16,8 @@ from app.cli_parser import HELP_FLAGS, LvrlArgumentParser, selected_classes
 from app.logs import install_run_logging
 from app.validation import ConfigError, validate_config
 from callbacks.checkpoint import RunCheckpoint, with_atomic_checkpoint_io
+from core.failures import SafeStop
 from datamodules.longvideo_reason import LongVideoReasonDataModule
-from models.failures import SafeStop
 from models.vlm_module import VLMModule
 
 RUN_DIR_TOKEN = "${trainer.default_root_dir}"

@@ -24,7 +24,19 @@ from typing import Any, TextIO
 from lightning.pytorch.utilities import rank_zero_only
 
 LOG_FILE_NAME = "lvrl.log"
-OWN_PACKAGES = ("app", "callbacks", "datamodules", "models", "rewards", "rollout", "parallel", "__main__")
+OWN_PACKAGES = (
+    "app",
+    "callbacks",
+    "core",
+    "datamodules",
+    "datatools",
+    "evaluation",
+    "models",
+    "parallel",
+    "rewards",
+    "rollout",
+    "__main__",
+)
 """Loggers of lvrl itself: their warnings are about a named sample or step, never deduplicated."""
 LIBRARY_LOGGERS = ("vllm", "transformers", "torch")
 """Libraries with their own console handlers (on the logger or, for torch, its children), re-routed

@@ -19,10 +19,10 @@ from models.loading import model_directory
 from parallel.mesh import check_attention_heads, mesh_shape
 from rewards.combine import RewardSpec
 from rewards.registry import SAMPLE_FIELDS, available_rewards, get_reward
+from rollout.experience import settings_problem
 
 ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
 SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
-GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 SFT_CONFIG = "configs/demo/sft.yaml"
 SFT_EXPORT = "runs/demo/sft/hf"
 
@@ -182,12 +182,9 @@ def _check_rl(trainer: dict[str, Any], model: dict[str, Any], problems: list[str
         problems.append(f"{ROLLOUT_CALLBACK} drives a GRPOModule; model is {_class_path(model)}")
     for rollout in rollouts:
         args = _init_args(rollout)
-        group = int(args.get("num_generations", 8))
-        if args.get("advantage", "grpo") in GROUP_ADVANTAGES and group < 2:
-            problems.append(
-                f"RolloutCallback: num_generations={group}: group-relative advantages need at least 2 "
-                "completions per prompt (with 1 every advantage is 0)"
-            )
+        problem = settings_problem(str(args.get("advantage", "grpo")), int(args.get("num_generations", 8)))
+        if problem:
+            problems.append(f"RolloutCallback: {problem}")
         _check_rewards(list(args.get("rewards") or []), problems)
 
 

@@ -23,6 +23,7 @@ Usage: python bench/mr_sp.py [--preset tiny] [--sizes 1 2 4] [--tokens 16384]
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -43,31 +44,32 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from bench.synthetic_video import video_inputs  # noqa: E402
+from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402
-from models.logprobs import ScoringBatch, build_scoring_batch  # noqa: E402
+from models.logprobs import input_embeddings  # noqa: E402
 from models.vision import encode_videos  # noqa: E402
 from parallel.encoding import encode_videos_sequence_parallel  # noqa: E402
 from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over  # noqa: E402
 from parallel.shard import SequenceShard  # noqa: E402
-from rollout.base import VideoEmbedding  # noqa: E402
 
 COMPLETION_TOKENS = 64
 
 
-def text_row(length: int, vocab: int) -> ScoringBatch:
+def text_row(length: int, vocab: int, group_size: int) -> ScoringBatch:
     """One row of ``length`` tokens: a long prompt and a 64-token completion (1-D positions)."""
     generator = torch.Generator().manual_seed(length)
     ids = torch.randint(20, vocab, (length,), generator=generator).tolist()
-    return build_scoring_batch(
-        [ids[:-COMPLETION_TOKENS]],
-        [ids[-COMPLETION_TOKENS:]],
-        [None],
-        video_token_id=-1,
-        pad_token_id=0,
-        spatial_merge_size=2,
-        tokens_per_second=2.0,
+    prompt = PromptLayout.build(ids[:-COMPLETION_TOKENS], -1, PositionRule(2, 2.0))
+    return ScoringBatch.from_layouts(
+        [prompt], [ids[-COMPLETION_TOKENS:]], [0], pad_token_id=0, length_multiple=group_size
     )
+
+
+def scored(model: torch.nn.Module, batch: ScoringBatch, videos: list, shard: SequenceShard) -> torch.Tensor:
+    """Sequence-parallel completion log-probs (the input embeddings built inside the measured pass)."""
+    embeddings = input_embeddings(model, batch, videos, next(model.parameters()).device)
+    return sequence_parallel_completion_logprobs(model, batch, embeddings, shard)
 
 
 def saved_bytes_of_backward_pass(model: torch.nn.Module, run: Callable[[], torch.Tensor]) -> tuple[int, int]:
@@ -91,10 +93,8 @@ def saved_bytes_of_backward_pass(model: torch.nn.Module, run: Callable[[], torch
 
 
 def prefill_activation_bytes(model: torch.nn.Module, shard: SequenceShard, length: int) -> tuple[int, int]:
-    row = text_row(length, int(model.config.text_config.vocab_size))
-    return saved_bytes_of_backward_pass(
-        model, lambda: sequence_parallel_completion_logprobs(model, row, [], shard).sum()
-    )
+    row = text_row(length, int(model.config.text_config.vocab_size), shard.size)
+    return saved_bytes_of_backward_pass(model, lambda: scored(model, row, [None], shard).sum())
 
 
 def longest_within(model: torch.nn.Module, shard: SequenceShard, budget: int, start: int) -> int:
@@ -127,7 +127,8 @@ def rl_step_seconds(
     pixels, grid = inputs["pixel_values_videos"], inputs["video_grid_thw"]
     tokenizer = processor.tokenizer
     video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    prompt = inputs["input_ids"][0].tolist()
+    layout = PromptLayout.from_processor_output(inputs, 0, video_token, PositionRule.of(model.config))
+    vision = model.config.vision_config
     generator = torch.Generator().manual_seed(0)
     completions = [torch.randint(20, 500, (48,), generator=generator).tolist() for _ in range(generations)]
     dist.barrier(group=shard.group)
@@ -136,28 +137,31 @@ def rl_step_seconds(
     def encode() -> torch.Tensor:
         with torch.no_grad():
             if cached:  # MR-SP stage 1: the group shares the frames
-                return encode_videos_sequence_parallel(model, pixels, grid, shard.group)[0]
+                return encode_videos_sequence_parallel(
+                    functools.partial(encode_videos, model),
+                    pixels,
+                    grid,
+                    shard.group,
+                    spatial_merge_size=int(vision.spatial_merge_size),
+                    hidden_size=int(vision.out_hidden_size),
+                    device=next(model.parameters()).device,
+                )[0]
             return encode_videos(model, pixels, grid)[0]
 
     embeds = encode()
     if not cached:
         for _ in range(generations):  # each rollout would encode the video again
             encode()
-    video = VideoEmbedding(embeds, grid[0], float(inputs["second_per_grid_ts"][0]))
-    batch = build_scoring_batch(
-        [prompt] * generations,
+    batch = ScoringBatch.from_layouts(
+        [layout],
         completions,
-        [video] * generations,
-        video_token_id=video_token,
+        [0] * generations,
         pad_token_id=tokenizer.pad_token_id,
-        spatial_merge_size=2,
-        tokens_per_second=float(model.config.vision_config.tokens_per_second),
+        length_multiple=shard.size,
     )
     with torch.no_grad():  # reference pass
-        reference_embeds = embeds if cached else encode()
-        sequence_parallel_completion_logprobs(model, batch, [reference_embeds] * generations, shard)
-    policy_embeds = embeds if cached else encode()
-    sequence_parallel_completion_logprobs(model, batch, [policy_embeds] * generations, shard).sum().backward()
+        scored(model, batch, [embeds if cached else encode()], shard)
+    scored(model, batch, [embeds if cached else encode()], shard).sum().backward()
     sum_gradients_over(list(model.parameters()), shard.group)
     model.zero_grad(set_to_none=True)
     elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)

@@ -30,11 +30,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 from bench.synthetic_video import video_inputs  # noqa: E402 (after the sys.path fix)
+from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402 (after the sys.path fix)
 from models.build import build_model_dir  # noqa: E402 (after the sys.path fix)
 from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
-from models.logprobs import build_scoring_batch, completion_logprobs  # noqa: E402 (after the sys.path fix)
+from models.logprobs import completion_logprobs  # noqa: E402 (after the sys.path fix)
 from models.vision import encode_videos  # noqa: E402 (after the sys.path fix)
-from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding  # noqa: E402 (after the sys.path fix)
+from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig  # noqa: E402 (after the sys.path fix)
 from rollout.hf_engine import TransformersEngine  # noqa: E402 (after the sys.path fix)
 
 
@@ -47,32 +48,26 @@ def timed(fn, repeats: int = 2) -> tuple[float, object]:
 
 
 def rl_step(
-    model, processor, encoded, result, video: VideoEmbedding, reencode: bool, share: bool = True
+    model, processor, encoded, result, request: RolloutRequest, reencode: bool, share: bool = True
 ) -> None:
     """Reference + policy passes (forward and backward of the policy) on the G completions.
 
     ``share``: the prompt (video included) is forwarded once for the G completions (the
     trainer's default) rather than once per completion.
     """
-    tokenizer = processor.tokenizer
-    config = model.config.vision_config
     rows = len(result.completions)
-    batch = build_scoring_batch(
-        [result.prompt_ids] * rows,
+    batch = ScoringBatch.from_layouts(
+        [request.layout],
         [c.token_ids for c in result.completions],
-        [video] * rows,
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        pad_token_id=tokenizer.pad_token_id,
-        spatial_merge_size=int(config.spatial_merge_size),
-        tokens_per_second=float(config.tokens_per_second),
+        [0] * rows,
+        pad_token_id=processor.tokenizer.pad_token_id,
     )
 
     def embeds() -> list[torch.Tensor]:
         if not reencode:
-            return [video.embeds] * rows
+            return [request.video.embeds]
         # Re-encoding: the vision tower runs again for this pass.
-        (fresh,) = encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
-        return [fresh] * rows
+        return encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
 
     with torch.no_grad():
         completion_logprobs(model, batch, embeds(), share_prompts=share)  # reference pass
@@ -81,21 +76,22 @@ def rl_step(
 
 
 def measure(model, processor, vllm, hf, frames: int, sampling: SamplingConfig, preset: str) -> str:
-    prompt, encoded = video_inputs(processor, frames)
+    _, encoded = video_inputs(processor, frames)
     with torch.no_grad():
         encode_s, (embeds,) = timed(
             lambda: encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
         )
-    video = VideoEmbedding(embeds, encoded["video_grid_thw"][0], float(encoded["second_per_grid_ts"][0]))
-    request = RolloutRequest(processor.tokenizer.encode(prompt, add_special_tokens=False), video)
+    video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
+    request = RolloutRequest(layout, layout.encoded_video(embeds))
     vllm_s, (vllm_result,) = timed(lambda: vllm.generate([request], sampling))
     hf_s, (hf_result,) = timed(lambda: hf.generate([request], sampling), repeats=1)
     vllm_rate = sum(len(c.token_ids) for c in vllm_result.completions) / vllm_s
     hf_rate = sum(len(c.token_ids) for c in hf_result.completions) / hf_s
-    cached_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, False))
-    reencode_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, video, True))
+    cached_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, request, False))
+    reencode_s, _ = timed(lambda: rl_step(model, processor, encoded, vllm_result, request, True))
     whole_rows_s, _ = timed(
-        lambda: rl_step(model, processor, encoded, vllm_result, video, False, share=False)
+        lambda: rl_step(model, processor, encoded, vllm_result, request, False, share=False)
     )
     # Rollouts: cached = one encoding, then G samples; re-encoded = G encodings + G samples.
     cached_step = encode_s + vllm_s + cached_s
@@ -128,8 +124,9 @@ def main() -> None:
             processor = load_processor(model_dir)
             model = load_model(model_dir)
             max_len = max(args.frames) * 4 + 512
-            vllm = VLLMEngine(str(model_dir), max_model_len=max_len, max_num_seqs=args.generations)
-            hf = TransformersEngine(model, processor.tokenizer)
+            vllm = VLLMEngine(max_model_len=max_len, max_num_seqs=args.generations)
+            vllm.start(PolicyHandle(str(model_dir), model, processor.tokenizer))
+            hf = TransformersEngine.for_model(model, processor.tokenizer)
             for frames in args.frames:
                 print(measure(model, processor, vllm, hf, frames, sampling, preset), flush=True)
 

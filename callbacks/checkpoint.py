@@ -17,27 +17,26 @@ with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. SIGTERM i
 Ctrl-C is recorded here and stops through the public ``trainer.should_stop``, after which
 Lightning runs the validation an early stop calls for (the checkpoint is written before it, so
 a second Ctrl-C during it loses nothing) and ``lvrl fit`` exits with status 143 as on SIGTERM.
-Training that stops with a :class:`~models.failures.SafeStop` (non-finite updates, a rollout
+Training that stops with a :class:`~core.failures.SafeStop` (non-finite updates, a rollout
 engine that cannot be restarted) also leaves a ``last.ckpt``.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import signal
 from types import FrameType
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 
-from models.failures import SafeStop
+from core.failures import SafeStop
+from core.rng import rng_states, set_rng_states
 from parallel.collectives import gather_from_all_ranks
 
 PARTIAL_MARKER = ".partial-"
@@ -82,38 +81,18 @@ def with_atomic_checkpoint_io(plugins: Any, strategy: Any = None) -> Any:
     """The trainer's ``plugins`` with an :class:`AtomicCheckpointIO` added, unless the run chose
     its own checkpoint writer (a ``CheckpointIO`` plugin, or a strategy instance built with one).
 
-    ``plugins`` as the ``Trainer`` takes it: None, one plugin (or its name), or a list.
+    ``plugins`` as the ``Trainer`` takes it: None, one plugin (or its name), or a list. A
+    strategy *instance* carries the writer itself (Lightning refuses one given both there and as
+    a plugin), so it gets the atomic writer through its public ``checkpoint_io`` instead.
     """
     given = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
-    own_strategy_io = isinstance(strategy, Strategy) and type(strategy.checkpoint_io) is not TorchCheckpointIO
-    if own_strategy_io or any(isinstance(plugin, CheckpointIO) for plugin in given):
+    if any(isinstance(plugin, CheckpointIO) for plugin in given):
+        return plugins
+    if isinstance(strategy, Strategy):
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default writer
+            strategy.checkpoint_io = AtomicCheckpointIO()
         return plugins
     return [*given, AtomicCheckpointIO()]
-
-
-def rng_states() -> dict[str, Any]:
-    """This process's Python, NumPy and torch (CPU, and CUDA when present) RNG states.
-
-    Plain lists, ints and tensors only, so that checkpoints load with ``weights_only=True``.
-    """
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    kind, keys, position, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 class RunCheckpoint(ModelCheckpoint):

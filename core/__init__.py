@@ -1,12 +1,16 @@
 """lvrl's leaf package: the vocabulary every other package shares, importing none of them.
 
-- :mod:`core.qa`: the question/answer vocabulary (problem types, option letters, categories).
-- :mod:`core.positions`: the one M-RoPE position rule of training, rollout and evaluation.
-- :mod:`core.placeholders`: video placeholder tokens (how many, expanded, collapsed).
-- :mod:`core.video`: :class:`~core.video.VideoEmbedding`, a video as the language model sees it.
 - :mod:`core.layout`: :class:`~core.layout.PromptLayout`, one prompt's tokens, video slots and
-  positions, built once per sample; and :class:`~core.layout.ScoringBatch`, prompt + completion
-  rows derived from layouts for a forward pass.
+  positions, built once per sample; and :class:`~core.layout.ScoringBatch`, the
+  ``prompt + completion`` rows derived from layouts for a forward pass.
+- :mod:`core.positions`: the one M-RoPE position rule of training, rollout and evaluation.
+- :mod:`core.placeholders`: video placeholder tokens (how many, collapsed to one per video).
+- :mod:`core.video`: :class:`~core.video.VideoEmbedding`, a video as the language model sees it.
+- :mod:`core.qa` and :mod:`core.answers`: the question/answer vocabulary and the one
+  ``<answer>`` pattern.
+- :mod:`core.failures`: the errors that stop training in a state worth saving.
+- :mod:`core.rng`: a process's random number generator states.
 
-Only torch and the standard library are imported here (tests/unit/test_import_graph.py checks).
+Nothing of lvrl is imported here (tests/unit/test_import_graph.py checks), only the standard
+library, torch and NumPy.
 """

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from core.layout import PositionRule, PromptLayout
 from datamodules.prompts import assistant_target, chat_messages
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
@@ -84,19 +85,20 @@ class VideoQACollator:
     Always returns the video tensors and ``meta`` (one dict per sample: key, shard,
     problem_id, category, answer, options, problem_type). With ``with_targets`` it adds the teacher-forcing
     layout (prompt + target, right-padded) with ``labels`` that are ``-100`` outside the
-    assistant tokens; with ``with_generation_prompts`` it adds the prompt alone, left-padded,
-    for generation (``prompt_*`` keys). ``video_mask`` marks the video slots of the prompt
-    (a target that happens to contain the placeholder id is still text): the model module
-    turns it into M-RoPE positions with :mod:`models.positions`.
+    assistant tokens; ``video_mask`` marks the video slots of the prompt (a target that happens
+    to contain the placeholder id is still text): the model module turns it into M-RoPE
+    positions with :mod:`core.positions`. Given a ``position_rule`` (the model's), it adds
+    ``prompts``: one :class:`~core.layout.PromptLayout` per sample, the prompt alone with its
+    positions, from which generation, rollouts and the RL scoring rows are all derived.
     """
 
     def __init__(
-        self, processor: Any, *, with_targets: bool = True, with_generation_prompts: bool = False
+        self, processor: Any, *, with_targets: bool = True, position_rule: PositionRule | None = None
     ) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.with_targets = with_targets
-        self.with_generation_prompts = with_generation_prompts
+        self.position_rule = position_rule
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has no pad token")
@@ -159,8 +161,9 @@ class VideoQACollator:
                 for p, t in zip(prompts, targets, strict=True)
             ]
             batch["video_mask"] = _pad(video_slots, 0, "right")
-        if self.with_generation_prompts:
-            batch["prompt_input_ids"] = _pad(prompts, self.pad_id, "left")
-            batch["prompt_attention_mask"] = _pad([torch.ones_like(p) for p in prompts], 0, "left")
-            batch["prompt_video_mask"] = _pad([p == self.video_token_id for p in prompts], 0, "left")
+        if self.position_rule is not None:
+            batch["prompts"] = [
+                PromptLayout.from_processor_output(e, 0, self.video_token_id, self.position_rule)
+                for e in encoded
+            ]
         return batch

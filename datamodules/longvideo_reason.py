@@ -6,29 +6,15 @@ import logging
 from typing import Any
 
 import lightning as L
-from transformers import AutoProcessor
+from transformers import AutoConfig, AutoProcessor
 
+from core.layout import PositionRule
 from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
-from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream
+from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream, data_parallel_coordinates
 from parallel.collectives import gather_from_all_ranks
 
 log = logging.getLogger(__name__)
-
-
-def data_parallel_coordinates(
-    global_rank: int, world_size: int, sequence_parallel_size: int
-) -> tuple[int, int]:
-    """``(data_parallel_rank, data_parallel_size)`` when consecutive ranks form sequence-parallel groups.
-
-    >>> [data_parallel_coordinates(r, 4, 2) for r in range(4)]
-    [(0, 2), (0, 2), (1, 2), (1, 2)]
-    """
-    if sequence_parallel_size < 1 or world_size % sequence_parallel_size:
-        raise ValueError(
-            f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}"
-        )
-    return global_rank // sequence_parallel_size, world_size // sequence_parallel_size
 
 
 def trainer_data_parallel_coordinates(
@@ -118,6 +104,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.skipped = SkipCounter()
         self._processor: Any = None
+        self._position_rule: PositionRule | None = None
         # Where training is in the stream: per worker, the next raw position not yet trained on.
         # Data epochs are counted here, not taken from Lightning's epoch counter, which does not
         # always agree with the data after a resume at an epoch boundary.
@@ -144,6 +131,13 @@ class LongVideoReasonDataModule(L.LightningDataModule):
                 raise ValueError("data.processor_path is not set (it is normally linked to model.model_path)")
             self._processor = AutoProcessor.from_pretrained(self.hparams.processor_path)
         return self._processor
+
+    @property
+    def position_rule(self) -> PositionRule:
+        """The model's M-RoPE constants, from the config next to the processor (the model's directory)."""
+        if self._position_rule is None:
+            self._position_rule = PositionRule.of(AutoConfig.from_pretrained(self.hparams.processor_path))
+        return self._position_rule
 
     @property
     def val_frame_counts(self) -> list[int]:
@@ -211,7 +205,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> EpochAwareDataLoader:
         # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
-        collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
+        collator = VideoQACollator(self.processor, with_targets=True, position_rule=self.position_rule)
         self._apply_resume_state(self.datasets["train"])
         return self._loader(self.datasets["train"], self.hparams.batch_size, collator, train=True)
 
@@ -289,7 +283,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         log.info("resuming the data stream in epoch %d after %d samples", mine["epoch"], trained)
 
     def _eval_loader(self, dataset: VideoQAStream) -> EpochAwareDataLoader:
-        collator = VideoQACollator(self.processor, with_targets=True, with_generation_prompts=True)
+        collator = VideoQACollator(self.processor, with_targets=True, position_rule=self.position_rule)
         return self._loader(dataset, self.hparams.val_batch_size or self.hparams.batch_size, collator)
 
     def val_dataloader(self) -> EpochAwareDataLoader | list:

@@ -38,6 +38,21 @@ VIDEO_EXTENSIONS = ("mp4", "webm", "mkv", "mov", "avi")
 """Video members a sample may hold (``lvrl data build`` keeps each file's own container)."""
 
 
+def data_parallel_coordinates(
+    global_rank: int, world_size: int, sequence_parallel_size: int
+) -> tuple[int, int]:
+    """``(data_parallel_rank, data_parallel_size)`` when consecutive ranks form sequence-parallel groups.
+
+    >>> [data_parallel_coordinates(r, 4, 2) for r in range(4)]
+    [(0, 2), (0, 2), (1, 2), (1, 2)]
+    """
+    if sequence_parallel_size < 1 or world_size % sequence_parallel_size:
+        raise ValueError(
+            f"world size {world_size} is not divisible by sequence_parallel_size={sequence_parallel_size}"
+        )
+    return global_rank // sequence_parallel_size, world_size // sequence_parallel_size
+
+
 @dataclass
 class VideoQASample:
     """One decoded sample: the QA row and its sampled frames."""

@@ -1,9 +1,11 @@
 """GRPO-family RL: the policy update on rollouts prepared by :class:`callbacks.rl_rollout.RolloutCallback`.
 
 The step reads top to bottom: the callback has already encoded each video once, sampled G
-completions per prompt from the engine, scored them and computed advantages; here the policy
-(and, with a KL term, the frozen reference) scores the same tokens in the engine's layout and
-positions with the cached video embeddings, and the clipped surrogate is minimised.
+completions per prompt from the engine, scored them and computed advantages, and handed them
+over as a :class:`~rollout.experience.RolloutBatch` (:meth:`GRPOModule.receive_rollouts`);
+here the policy (and, with a KL term, the frozen reference) scores the same tokens in the
+prompts' own layout and positions with the cached video embeddings, and the clipped surrogate
+is minimised.
 
 One training step is one rollout batch and ``num_iterations`` optimizer updates on it (manual
 optimization: Lightning's ``global_step`` counts updates, so ``trainer.max_steps`` and the
@@ -19,44 +21,36 @@ to the trainer's first-iteration log-probs is logged every step as ``rollout/log
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
 from typing import Any
 
 import torch
 
+from core.layout import ScoringBatch
 from models.loading import load_model
-from models.logprobs import ScoringBatch, completion_logprobs
+from models.logprobs import completion_logprobs, input_embeddings
 from models.rl.losses import policy_loss
 from models.vision import encode_videos
 from models.vlm_module import VLMModule
 from parallel.contract import GradientReducer
 from parallel.prefill import sequence_parallel_completion_logprobs
+from rollout.base import RolloutEngine
+from rollout.experience import ExperienceSettings, RolloutBatch
 
-
-@dataclass
-class RolloutBatch:
-    """What the rollout callback hands to the training step (one row per completion)."""
-
-    scoring: ScoringBatch
-    video_embeds: list[torch.Tensor]
-    """Cached encoding of each row's video (rows of one prompt share the same tensor)."""
-    old_logprobs: torch.Tensor
-    """``(rows, max_completion_len)`` engine log-probs of the sampled tokens."""
-    advantages: torch.Tensor
-    """``(rows,)`` group-relative advantages."""
-    row_mask: torch.Tensor
-    """``(rows,)`` 1.0 for rows that train (0 for groups removed by zero-variance filtering)."""
-    group_size: int
-    """G: rows ``[k*G, (k+1)*G)`` are the completions of prompt k."""
+log = logging.getLogger(__name__)
 
 
 class GRPOModule(VLMModule):
     """Policy optimisation with the GRPO family of losses.
 
-    The arguments shared with :class:`~models.vlm_module.VLMModule` mean the same there (the
-    defaults differ: RL's learning rate, AdamW betas, a frozen vision tower).
+    Every :class:`~models.vlm_module.VLMModule` argument is accepted and means the same there;
+    three of them take RL's defaults here.
 
     Args:
+        learning_rate: peak AdamW learning rate (RL's default, 1e-6).
+        betas: AdamW betas (RL's default, (0.9, 0.999)).
+        freeze_vision: keep the vision tower's weights fixed (the default in RL: the cached
+            encoding then serves every pass).
         clip_low: lower clip of the importance ratio (1 - clip_low).
         clip_high: upper clip (1 + clip_high); above clip_low is DAPO's clip-higher.
         dual_clip: cap on the loss of negative-advantage tokens (e.g. 3.0); None disables it.
@@ -80,18 +74,8 @@ class GRPOModule(VLMModule):
         self,
         model_path: str,
         learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
-        warmup_steps: int = 0,
-        lr_schedule: str = "constant",
         freeze_vision: bool = True,
-        gradient_checkpointing: bool = False,
-        max_new_tokens: int = 256,
-        val_samples: int = 0,
-        val_temperature: float = 1.0,
-        max_consecutive_nonfinite: int = 5,
-        dtype: str = "float32",
-        attn_implementation: str | None = None,
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         dual_clip: float | None = 3.0,
@@ -103,24 +87,11 @@ class GRPOModule(VLMModule):
         micro_batch_rows: int | None = None,
         max_grad_norm: float | None = 1.0,
         share_prompt_prefix: bool = True,
-        val_judge: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
+        # RL's own defaults for three shared settings; every other VLMModule argument passes through.
         super().__init__(
-            model_path,
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            betas=betas,
-            warmup_steps=warmup_steps,
-            lr_schedule=lr_schedule,
-            freeze_vision=freeze_vision,
-            gradient_checkpointing=gradient_checkpointing,
-            max_new_tokens=max_new_tokens,
-            val_samples=val_samples,
-            val_temperature=val_temperature,
-            max_consecutive_nonfinite=max_consecutive_nonfinite,
-            dtype=dtype,
-            attn_implementation=attn_implementation,
-            val_judge=val_judge,
+            model_path, learning_rate=learning_rate, betas=betas, freeze_vision=freeze_vision, **kwargs
         )
         if num_iterations < 1:
             raise ValueError(f"num_iterations must be >= 1, got {num_iterations}")
@@ -133,6 +104,50 @@ class GRPOModule(VLMModule):
         # Several optimizer updates per batch: the step drives the optimizer itself.
         self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None
+        self._rollouts: RolloutBatch | None = None
+
+    # -- what the rollout callback hands over (rollout.experience.RolloutConsumer) --------------
+    def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
+        """Refuse experience settings this module cannot learn from; warn about wasteful ones."""
+        problems = []
+        if engine.dtype is not None and engine.dtype != self.hparams.dtype:
+            problems.append(
+                f"the engine samples in {engine.dtype} but the policy scores in {self.hparams.dtype}: the "
+                "importance ratio would carry the rounding gap between the two; set the engine's dtype "
+                "to the model's (or the model's to the engine's)"
+            )
+        if problems:
+            listed = "\n".join(f"  - {p}" for p in problems)
+            raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")
+        if not self.hparams.freeze_vision:
+            log.warning(
+                "the vision tower is trainable: the policy pass re-encodes videos with grad each step"
+            )
+        rows = self.hparams.micro_batch_rows
+        if rows is not None and self.hparams.share_prompt_prefix and rows % settings.group_size:
+            log.warning(
+                "micro_batch_rows=%d is not a multiple of num_generations=%d: prompts split across "
+                "micro-batches are forwarded once per micro-batch",
+                rows,
+                settings.group_size,
+            )
+
+    def receive_rollouts(self, rollouts: RolloutBatch) -> None:
+        self._rollouts = rollouts
+
+    @property
+    def pending_rollouts(self) -> RolloutBatch | None:
+        """The rollouts the coming training step learns from (None once it has taken them)."""
+        return self._rollouts
+
+    def _take_rollouts(self) -> RolloutBatch:
+        rollouts, self._rollouts = self._rollouts, None
+        if rollouts is None:
+            raise RuntimeError(
+                f"{type(self).__name__} trains on rollouts, and none were handed over for this step: "
+                "add callbacks.rl_rollout.RolloutCallback to trainer.callbacks"
+            )
+        return rollouts
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -143,7 +158,7 @@ class GRPOModule(VLMModule):
             object.__setattr__(self, "reference", reference)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        rollout: RolloutBatch = batch["rollout"]
+        rollout = self._take_rollouts()
         assert self.model is not None
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
@@ -157,7 +172,7 @@ class GRPOModule(VLMModule):
         for iteration in range(self.hparams.num_iterations):
             for rows, reference in zip(chunks, references, strict=True):
                 stats = self._accumulate_gradients(
-                    rollout, batch, rows, mask, normalizers, reference, first_iteration=iteration == 0
+                    rollout, rows, mask, normalizers, reference, first_iteration=iteration == 0
                 )
                 merge_stats(totals, stats)
             self._optimizer_update(optimizer, scheduler, totals)
@@ -181,9 +196,7 @@ class GRPOModule(VLMModule):
         reference = self.reference.to(self.device)
         with torch.no_grad():
             return [
-                self._logprobs(
-                    reference, rollout.scoring.select(rows), [rollout.video_embeds[i] for i in rows]
-                )
+                self._logprobs(reference, rollout.scoring.select(rows), rollout.video_embeds())
                 for rows in chunks
             ]
 
@@ -191,35 +204,42 @@ class GRPOModule(VLMModule):
         self,
         model: torch.nn.Module,
         scoring: ScoringBatch,
-        video_embeds: list[torch.Tensor],
+        video_embeds: list[torch.Tensor | None],
         entropy: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Completion log-probs, with the sequence split across the group when the strategy set one."""
+        """Completion log-probs, with the sequence split across the group when the strategy set one.
+
+        ``video_embeds`` are per prompt, indexed like ``scoring.prompt_of_row``.
+        """
         if self.sequence_shard is not None:
+            embeddings = input_embeddings(model, scoring, video_embeds, self.device)
             return sequence_parallel_completion_logprobs(
-                model, scoring, video_embeds, self.sequence_shard, entropy=entropy
+                model, scoring, embeddings, self.sequence_shard, entropy=entropy
             )
         return completion_logprobs(
             model, scoring, video_embeds, entropy=entropy, share_prompts=self.hparams.share_prompt_prefix
         )
 
-    def _video_embeds(self, rollout: RolloutBatch, batch: dict[str, Any], rows: list[int]) -> list:
+    def _video_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[torch.Tensor | None]:
+        """Each prompt's encoding (per prompt, indexed like ``scoring.prompt_of_row``)."""
         if self.hparams.freeze_vision:
-            return [rollout.video_embeds[i] for i in rows]
+            return list(rollout.video_embeds())
         # A trainable vision tower needs gradients through the encoding: encode again, with grad,
         # the prompts of this micro-batch (the cached, grad-free encoding served the rollouts).
-        g = rollout.group_size
-        prompts = sorted({row // g for row in rows})
-        grids = batch["video_grid_thw"]
+        prompts = sorted({rollout.scoring.prompt_of_row[row] for row in rows})
+        grids = rollout.prompts.video_grid_thw
         offsets = [0, *grids.prod(dim=-1).cumsum(0).tolist()]
-        pixels = torch.cat([batch["pixel_values_videos"][offsets[k] : offsets[k + 1]] for k in prompts])
-        fresh = encode_videos(self.model, pixels, grids[prompts])
-        return [fresh[prompts.index(row // g)] for row in rows]
+        pixels = rollout.prompts.pixel_values_videos
+        pieces = torch.cat([pixels[offsets[k] : offsets[k + 1]] for k in prompts])
+        fresh = encode_videos(self.model, pieces, grids[prompts])
+        embeds: list[torch.Tensor | None] = [None] * len(rollout.videos)
+        for k, encoded in zip(prompts, fresh, strict=True):
+            embeds[k] = encoded
+        return embeds
 
     def _accumulate_gradients(
         self,
         rollout: RolloutBatch,
-        batch: dict[str, Any],
         rows: list[int],
         mask: torch.Tensor,
         normalizers: dict[str, float],
@@ -227,7 +247,7 @@ class GRPOModule(VLMModule):
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
         """Forward + backward of the given rows; returns token-weighted statistics."""
-        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, batch, rows))
+        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
         chunk_mask = mask[rows].to(self.device)
         loss, stats = policy_loss(
             logprobs,
@@ -256,7 +276,7 @@ class GRPOModule(VLMModule):
         return out
 
     def _score(
-        self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor]
+        self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor | None]
     ) -> tuple[ScoringBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy log-probs of the given rows, with the engine's log-probs and the entropy beside them."""
         scoring = rollout.scoring.select(rows)
@@ -265,7 +285,7 @@ class GRPOModule(VLMModule):
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
 
     def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
-        scoring, logprobs, old, entropy = self._score(rollout, rows, [rollout.video_embeds[i] for i in rows])
+        scoring, logprobs, old, entropy = self._score(rollout, rows, list(rollout.video_embeds()))
         return gap_statistics(logprobs, old, scoring.completion_mask, entropy)
 
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:

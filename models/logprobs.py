@@ -1,124 +1,45 @@
-"""Scoring completions with the policy: per-token log-probs over the engine's exact token layout.
+"""Scoring completions with the policy: per-token log-probs over the prompts' own layout.
 
-The trainer rebuilds each sequence as ``engine prompt ids (video placeholders expanded) +
-completion ids``, puts the **cached** video embeddings in the prompt's video slots (the vision
-tower does not run again), and gives every token the positions of :mod:`models.positions`,
-the rule vLLM sampled with. Log-probs are of the model's own distribution (temperature 1),
-as vLLM reports them.
+A :class:`~core.layout.ScoringBatch` row is ``prompt layout (video placeholders expanded) +
+completion ids`` with the positions of :mod:`core.positions`, the rule the engine sampled
+with; here the **cached** video embeddings go into the prompt's video slots (the vision tower
+does not run again). Log-probs are of the model's own distribution (temperature 1), as vLLM
+reports them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from models.positions import mrope_position_ids
-from rollout.base import VideoEmbedding
-
-
-@dataclass
-class ScoringBatch:
-    """Right-padded ``prompt + completion`` rows ready for a forward pass."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    video_mask: torch.Tensor
-    """Video slots (prompt placeholders only)."""
-    position_ids: torch.Tensor
-    """``(3, batch, length)`` M-RoPE positions."""
-    prompt_lengths: list[int]
-    completion_ids: torch.Tensor
-    """``(batch, max_completion_len)``, right-padded with 0."""
-    completion_mask: torch.Tensor
-    """``(batch, max_completion_len)``, 1.0 at real completion tokens."""
-
-    def select(self, rows: Sequence[int]) -> ScoringBatch:
-        """The given rows, in that order (a micro-batch, or the rows that train); padding columns are kept."""
-        index = torch.as_tensor(list(rows), dtype=torch.long)
-        return ScoringBatch(
-            self.input_ids[index],
-            self.attention_mask[index],
-            self.video_mask[index],
-            self.position_ids[:, index],
-            [self.prompt_lengths[i] for i in index.tolist()],
-            self.completion_ids[index],
-            self.completion_mask[index],
-        )
-
-
-def build_scoring_batch(
-    prompt_ids: Sequence[Sequence[int]],
-    completion_ids: Sequence[Sequence[int]],
-    videos: Sequence[VideoEmbedding | None],
-    *,
-    video_token_id: int,
-    pad_token_id: int,
-    spatial_merge_size: int,
-    tokens_per_second: float,
-) -> ScoringBatch:
-    """Lay out rows; ``prompt_ids`` are expanded prompts (one placeholder per visual token)."""
-    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    length = max(len(r) for r in rows)
-    batch = len(rows)
-    input_ids = torch.full((batch, length), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros(batch, length, dtype=torch.long)
-    video_mask = torch.zeros(batch, length, dtype=torch.bool)
-    max_completion = max(1, max(len(c) for c in completion_ids))
-    completions = torch.zeros(batch, max_completion, dtype=torch.long)
-    completion_mask = torch.zeros(batch, max_completion)
-    for i, (row, prompt, completion) in enumerate(zip(rows, prompt_ids, completion_ids, strict=True)):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        attention_mask[i, : len(row)] = 1
-        video_mask[i, : len(prompt)] = torch.tensor(prompt) == video_token_id
-        completions[i, : len(completion)] = torch.tensor(list(completion), dtype=torch.long)
-        completion_mask[i, : len(completion)] = 1.0
-    with_video = [v for v in videos if v is not None]
-    grids = torch.stack([v.grid_thw.reshape(3) for v in with_video]) if with_video else torch.zeros(0, 3)
-    seconds = torch.tensor([v.second_per_grid for v in with_video], dtype=torch.float32)
-    positions = mrope_position_ids(
-        video_mask,
-        attention_mask,
-        grids,
-        seconds,
-        spatial_merge_size=spatial_merge_size,
-        tokens_per_second=tokens_per_second,
-    )
-    return ScoringBatch(
-        input_ids,
-        attention_mask,
-        video_mask,
-        positions,
-        [len(p) for p in prompt_ids],
-        completions,
-        completion_mask,
-    )
+from core.layout import ScoringBatch
 
 
 def completion_logprobs(
     model: torch.nn.Module,
     batch: ScoringBatch,
-    video_embeds: Sequence[torch.Tensor],
+    video_embeds: Sequence[torch.Tensor | None],
     entropy: torch.Tensor | None = None,
     share_prompts: bool = True,
 ) -> torch.Tensor:
     """``(batch, max_completion_len)`` log-probs of the completion tokens (0 where masked).
 
-    ``video_embeds`` are the cached encodings, in row order (one per row that has a video).
-    Gradients flow into the language model; into the embeddings only if they require grad.
+    ``video_embeds`` are the cached encodings per prompt, indexed like ``batch.prompt_of_row``
+    (None for a prompt without video). Gradients flow into the language model; into the
+    embeddings only if they require grad.
     If ``entropy`` (a tensor shaped like the result) is given, it is filled, without
     gradient, with the entropy of the model's next-token distribution at each completion token.
 
-    With ``share_prompts``, rows that carry the same prompt (same token ids and the same cached
-    video tensor object, as the G completions of one GRPO prompt do) run that prompt once: its
+    With ``share_prompts``, rows of the same prompt (the G completions of one GRPO prompt) run
+    that prompt once: its
     keys and values are computed once and reused, with autograd, by each of its completions.
     For a long video the prompt is most of the sequence, so this cuts the forward and backward
     work by about G times; the log-probs equal the one-row-at-a-time ones up to float rounding.
     """
     device = next(model.parameters()).device
     embeddings = input_embeddings(model, batch, video_embeds, device)
-    groups = prompt_groups(batch, video_embeds) if share_prompts else []
+    groups = first_row_of_prompt(batch) if share_prompts else []
     if len(set(groups)) < len(groups):
         first_logits, completion_logits = _shared_prompt_logits(model, batch, embeddings, groups, device)
     else:
@@ -138,27 +59,30 @@ def completion_logprobs(
     return out
 
 
-def prompt_groups(batch: ScoringBatch, video_embeds: Sequence[torch.Tensor]) -> list[int]:
-    """For each row, the index of the first row with the same prompt ids and the same video tensor."""
-    has_video = batch.video_mask.any(dim=-1).tolist()
-    videos = iter(video_embeds)
-    first_row: dict[tuple[tuple[int, ...], int | None], int] = {}
-    groups = []
-    for i, length in enumerate(batch.prompt_lengths):
-        video = id(next(videos)) if has_video[i] else None
-        key = (tuple(batch.input_ids[i, :length].tolist()), video)
-        groups.append(first_row.setdefault(key, i))
-    return groups
+def first_row_of_prompt(batch: ScoringBatch) -> list[int]:
+    """For each row, the first row of the batch with the same prompt.
+
+    >>> from types import SimpleNamespace
+    >>> first_row_of_prompt(SimpleNamespace(prompt_of_row=[3, 3, 5, 3]))
+    [0, 0, 2, 0]
+    """
+    first: dict[int, int] = {}
+    return [first.setdefault(prompt, row) for row, prompt in enumerate(batch.prompt_of_row)]
 
 
 def input_embeddings(
-    model: torch.nn.Module, batch: ScoringBatch, video_embeds: Sequence[torch.Tensor], device: torch.device
+    model: torch.nn.Module,
+    batch: ScoringBatch,
+    video_embeds: Sequence[torch.Tensor | None],
+    device: torch.device,
 ) -> torch.Tensor:
-    """Token embeddings with the cached visual tokens in the video slots."""
+    """Token embeddings with each row's prompt's cached visual tokens in its video slots."""
     embeddings = model.get_input_embeddings()(batch.input_ids.to(device))
-    if not video_embeds:
+    rows_videos = [video_embeds[p] for p in batch.prompt_of_row]
+    present = [e for e in rows_videos if e is not None]
+    if not present:
         return embeddings
-    cached = torch.cat([e.to(device=device, dtype=embeddings.dtype) for e in video_embeds])
+    cached = torch.cat([e.to(device=device, dtype=embeddings.dtype) for e in present])
     slots = batch.video_mask.to(device)
     if int(slots.sum()) != cached.shape[0]:
         raise ValueError(f"{int(slots.sum())} video slots but {cached.shape[0]} cached visual tokens")

@@ -9,6 +9,7 @@ model's answers (:meth:`VLMModule.generate_answers`) and what the trainer says.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from pathlib import Path
@@ -18,6 +19,9 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from core.failures import NonFiniteUpdates
+from core.layout import PositionRule
+from core.positions import mrope_position_ids
 from evaluation.evaluator import (
     Evaluator,
     ValidationResult,
@@ -27,14 +31,13 @@ from evaluation.evaluator import (
     validation_printout,
     write_predictions,
 )
-from models.failures import NonFiniteUpdates
 from models.loading import load_model, load_processor
-from models.positions import mrope_position_ids
 from models.vision import encode_videos, vision_tower
 from parallel.contract import AttentionHeads
+from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
 from rewards.judge import JudgeSettings
-from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
+from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
@@ -42,12 +45,10 @@ log = logging.getLogger(__name__)
 
 def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> list[RolloutRequest]:
     """The rollout request of each prompt of a collated batch, its video encoded once (``videos``)."""
-    requests = []
-    for row, embeds in enumerate(videos):
-        valid = batch["prompt_attention_mask"][row].bool()
-        video = VideoEmbedding(embeds, batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row]))
-        requests.append(RolloutRequest(batch["prompt_input_ids"][row][valid].tolist(), video))
-    return requests
+    return [
+        RolloutRequest(layout, layout.encoded_video(embeds))
+        for layout, embeds in zip(batch["prompts"], videos, strict=True)
+    ]
 
 
 class VLMModule(L.LightningModule):
@@ -154,26 +155,49 @@ class VLMModule(L.LightningModule):
             self._processor = load_processor(self.hparams.model_path)
         return self._processor
 
-    def position_ids(self, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
-        """M-RoPE positions of a batch layout under the rule rollouts use (:mod:`models.positions`)."""
+    def policy(self) -> PolicyHandle:
+        """The policy as a rollout engine sees it: where it was loaded from, the live model, its tokenizer."""
         assert self.model is not None
+        return PolicyHandle(str(self.hparams.model_path), self.model, self.processor.tokenizer)
+
+    def encode_videos(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        """The vision tower's output per video; shared out over the sequence-parallel group when
+        the strategy set one (MR-SP stage 1: the group encodes the frames together, then every
+        rank holds every embedding)."""
+        assert self.model is not None
+        if self.sequence_shard is None:
+            return encode_videos(self.model, pixels, grid_thw)
         vision_config = self.model.config.vision_config
-        return mrope_position_ids(
-            batch[f"{prefix}video_mask"],
-            batch[f"{prefix}attention_mask"],
-            batch["video_grid_thw"],
-            batch["second_per_grid_ts"],
+        return encode_videos_sequence_parallel(
+            functools.partial(encode_videos, self.model),
+            pixels,
+            grid_thw,
+            self.sequence_shard.group,
             spatial_merge_size=int(vision_config.spatial_merge_size),
-            tokens_per_second=float(vision_config.tokens_per_second),
+            hidden_size=int(vision_config.out_hidden_size),
+            device=self.device,
         )
 
-    def forward_logits(self, batch: dict[str, Any], prefix: str = "") -> torch.Tensor:
-        """Logits of the teacher-forcing layout (``prefix='prompt_'`` for the prompt-only layout)."""
+    def position_ids(self, batch: dict[str, Any]) -> torch.Tensor:
+        """M-RoPE positions of the teacher-forcing rows, by the rule of rollouts (:mod:`core.positions`)."""
+        assert self.model is not None
+        rule = PositionRule.of(self.model.config)
+        return mrope_position_ids(
+            batch["video_mask"],
+            batch["attention_mask"],
+            batch["video_grid_thw"],
+            batch["second_per_grid_ts"],
+            spatial_merge_size=rule.spatial_merge_size,
+            tokens_per_second=rule.tokens_per_second,
+        )
+
+    def forward_logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Logits of the teacher-forcing layout (prompt + target)."""
         assert self.model is not None
         out = self.model(
-            input_ids=batch[f"{prefix}input_ids"],
-            attention_mask=batch[f"{prefix}attention_mask"],
-            position_ids=self.position_ids(batch, prefix),
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=self.position_ids(batch),
             pixel_values_videos=batch["pixel_values_videos"],
             video_grid_thw=batch["video_grid_thw"],
             use_cache=False,
@@ -251,7 +275,7 @@ class VLMModule(L.LightningModule):
         the RL stage will (HF ``generate`` would use transformers' own, different rule).
         """
         assert self.model is not None
-        engine = TransformersEngine(self.model, self.processor.tokenizer)
+        engine = TransformersEngine.for_model(self.model, self.processor.tokenizer)
         videos = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
         requests = validation_requests(batch, videos)
         if sampling is None:

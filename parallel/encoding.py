@@ -13,10 +13,13 @@ divide by the group size simply ends mid-run), each rank encodes its run, and an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
-from models.vision import encode_videos
+VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
+"""``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""
 
 
 def temporal_patch_runs(grid_thw: torch.Tensor, parts: int) -> list[list[tuple[int, int, int]]]:
@@ -46,17 +49,23 @@ def temporal_patch_runs(grid_thw: torch.Tensor, parts: int) -> list[list[tuple[i
 
 
 def encode_videos_sequence_parallel(
-    model: torch.nn.Module,
+    encode: VideoEncoder,
     pixel_values_videos: torch.Tensor,
     video_grid_thw: torch.Tensor,
     group: dist.ProcessGroup,
+    *,
+    spatial_merge_size: int,
+    hidden_size: int,
+    device: torch.device,
 ) -> list[torch.Tensor]:
-    """:func:`models.vision.encode_videos` with the work split over ``group`` (no gradient).
+    """``encode`` (the model's vision tower, e.g. :func:`models.vision.encode_videos`) with the work
+    split over ``group`` (no gradient).
 
-    Every rank passes the same batch and gets every video's embeddings back.
+    Every rank passes the same batch and gets every video's embeddings back. The model side
+    says what this needs to know of the tower: its spatial merge, its output width, its device.
     """
     size, rank = dist.get_world_size(group), dist.get_rank(group)
-    merge = int(model.config.vision_config.spatial_merge_size) ** 2
+    merge = spatial_merge_size**2
     patches_per_step = (video_grid_thw[:, 1] * video_grid_thw[:, 2]).tolist()
     offsets = [0, *torch.cumsum(video_grid_thw.prod(dim=-1), 0).tolist()]
     runs = temporal_patch_runs(video_grid_thw, size)
@@ -72,10 +81,9 @@ def encode_videos_sequence_parallel(
                 ]
             )
             grids = torch.tensor([[n, *video_grid_thw[v, 1:].tolist()] for v, t, n in mine])
-            local = torch.cat(encode_videos(model, pixels, grids))
+            local = torch.cat(encode(pixels, grids))
         else:  # more ranks than temporal patches
-            hidden = int(model.config.vision_config.out_hidden_size)
-            local = torch.zeros(0, hidden, device=next(model.parameters()).device)
+            local = torch.zeros(0, hidden_size, device=device)
         tokens = [sum(n * patches_per_step[v] // merge for v, _, n in run) for run in runs]
         padded = torch.zeros(max(tokens), local.shape[1], dtype=local.dtype, device=local.device)
         padded[: local.shape[0]] = local

@@ -2,7 +2,7 @@
 
 Ranks are laid out row-major over ``(data, sequence)``: consecutive ranks form a
 sequence-parallel group (on a GPU node, the fast links), and rank ``d * S + s`` is member ``s``
-of data-parallel replica ``d`` (:func:`datamodules.longvideo_reason.data_parallel_coordinates`
+of data-parallel replica ``d`` (:func:`datamodules.stream.data_parallel_coordinates`
 uses the same rule to shard the data).
 """
 

@@ -1,14 +1,16 @@
 """Sequence-parallel prefill (MR-SP stage 2): completion log-probs with the sequence split across ranks.
 
 Every rank of the sequence-parallel group holds the same rows (the same batch, the same cached
-video embeddings). The full input embeddings are built, right-padded to a multiple of the group
-size P, and each rank keeps one contiguous slice of L / P positions. Everything that depends on
-the whole sequence is computed on the whole sequence before slicing: the M-RoPE positions (from
-:func:`models.logprobs.build_scoring_batch`) and the next-token targets (shifted by one on the
-whole row, so the token after a slice boundary is still the target of the slice's last
-position). Attention crosses slices through Ulysses or ring attention
-(:mod:`parallel.attention`). Each rank scores its own positions, and the per-position
-log-probs are gathered so that every rank holds the full ``(rows, completion)`` tensor.
+video embeddings). The rows come laid out with a width L that divides by the group size P
+(:meth:`core.layout.ScoringBatch.from_layouts` with ``length_multiple=P``) and their input
+embeddings built by the model side, so each rank keeps one contiguous slice of L / P positions
+without re-padding anything. Everything that depends on the whole sequence was computed on the
+whole sequence before slicing: the M-RoPE positions (in the layout) and the next-token targets
+(shifted by one on the whole row, so the token after a slice boundary is still the target of
+the slice's last position). This module knows no model family: it takes the embeddings.
+Attention crosses slices through Ulysses or ring attention (:mod:`parallel.attention`). Each
+rank scores its own positions, and the per-position log-probs are gathered so that every rank
+holds the full ``(rows, completion)`` tensor.
 
 Gradients: every rank computes the same loss from the gathered log-probs, so the gather's
 backward hands each rank the gradient of its own slice (no communication). Each rank's parameter
@@ -18,14 +20,13 @@ gradients are then its share; their **sum over the group** is the single-process
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from models.logprobs import ScoringBatch, input_embeddings
+from core.layout import ScoringBatch
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
 from parallel.shard import SequenceShard
 
@@ -53,30 +54,30 @@ def gather_slices(local: torch.Tensor, shard: SequenceShard, dim: int = 1) -> to
 def sequence_parallel_completion_logprobs(
     model: torch.nn.Module,
     batch: ScoringBatch,
-    video_embeds: Sequence[torch.Tensor],
+    embeddings: torch.Tensor,
     shard: SequenceShard,
     entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(rows, max_completion_len)`` completion log-probs, as :func:`models.logprobs.completion_logprobs`.
 
-    The model must use the ``lvrl_sequence_parallel`` attention implementation (this function
-    switches it if needed). Rows are forwarded whole (no prompt sharing).
+    ``embeddings`` are the rows' ``(rows, length, hidden)`` input embeddings (video slots
+    filled). The model must use the ``lvrl_sequence_parallel`` attention implementation (this
+    function switches it if needed). Rows are forwarded whole (no prompt sharing).
     """
+    rows, length = batch.input_ids.shape
+    if length % shard.size:
+        raise ValueError(
+            f"rows of width {length} do not split over {shard.size} ranks: lay them out with "
+            f"ScoringBatch.from_layouts(..., length_multiple={shard.size})"
+        )
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
-    device = next(model.parameters()).device
-    embeddings = input_embeddings(model, batch, video_embeds, device)
-    rows, length = batch.input_ids.shape
-    padded = math.ceil(length / shard.size) * shard.size
-    width = padded // shard.size
+    device = embeddings.device
+    width = length // shard.size
     # Target of position t is token t + 1 of the whole row (shift before slicing).
-    targets = torch.zeros(rows, padded, dtype=torch.long)
+    targets = torch.zeros(rows, length, dtype=torch.long)
     targets[:, : length - 1] = batch.input_ids[:, 1:]
-    positions = torch.zeros(3, rows, padded, dtype=batch.position_ids.dtype)
-    positions[:, :, :length] = batch.position_ids
-    if padded > length:  # padding continues the last position (never read; keeps RoPE in range)
-        positions[:, :, length:] = batch.position_ids[:, :, -1:] + 1
-    embeddings = torch.nn.functional.pad(embeddings, (0, 0, 0, padded - length))
+    positions = batch.position_ids
     first = shard.rank * width
     mine = slice(first, first + width)
     # Logits only where a completion token is predicted (from the shortest prompt's last token

@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.optim import Optimizer
 from torchmetrics import Metric
 
-from parallel.contract import require_sequence_parallel_module
+from parallel.contract import SequenceParallelModule, require_sequence_parallel_module
 from parallel.mesh import MeshShape, build_device_mesh, check_attention_heads, mesh_shape
 from parallel.shard import ATTENTION_KINDS, SequenceShard
 
@@ -113,19 +113,12 @@ class SequenceParallelStrategy(DDPStrategy):
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
         module = require_sequence_parallel_module(self.lightning_module, type(self).__name__)
-        heads = module.attention_heads()
-        if heads is not None:
-            check_attention_heads(
-                heads.query, heads.key_value, self.sequence_parallel_size, self.sequence_parallel_attention
-            )
-        fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting and self.sequence_parallel_size > 1 and not module.supports_sequence_parallel:
-            # Its peers would each compute the whole gradient, and the sum over the sequence axis
-            # would count it sequence_parallel_size times.
-            raise ValueError(
-                f"{type(module).__name__} does not split sequences across ranks: set "
-                "trainer.strategy.init_args.sequence_parallel_size: 1 (plain data parallelism)"
-            )
+        check_module_fits(
+            module,
+            self.sequence_parallel_size,
+            self.sequence_parallel_attention,
+            fitting=trainer.state.fn == TrainerFn.FITTING,
+        )
         module.sequence_shard = self.sequence_shard
         if self.sequence_parallel_size > 1 and self.device_mesh is not None:
             # Peers evaluate the same questions: metrics sync over the data axis only, so that
@@ -183,3 +176,20 @@ class SequenceParallelStrategy(DDPStrategy):
             return result
 
         return super().optimizer_step(optimizer, closure_then_reduce, model, **kwargs)
+
+
+def check_module_fits(
+    module: SequenceParallelModule, sequence_parallel_size: int, attention: str, *, fitting: bool
+) -> None:
+    """Refuse a module the sequence split cannot work with: its heads against the attention kind,
+    and, when training, a module that does not score with the shard."""
+    heads = module.attention_heads()
+    if heads is not None:
+        check_attention_heads(heads.query, heads.key_value, sequence_parallel_size, attention)
+    if fitting and sequence_parallel_size > 1 and not module.supports_sequence_parallel:
+        # Its peers would each compute the whole gradient, and the sum over the sequence axis
+        # would count it sequence_parallel_size times.
+        raise ValueError(
+            f"{type(module).__name__} does not split sequences across ranks: set "
+            "trainer.strategy.init_args.sequence_parallel_size: 1 (plain data parallelism)"
+        )

@@ -1,19 +1,27 @@
-"""The rollout engine interface, kept small: generate, update weights, sleep and wake.
+"""The rollout engine interface: start on a policy, generate, take new weights, sleep and wake.
 
-Requests carry the prompt token ids with **one** placeholder per video (as the chat template
-writes it) and the video's cached embeddings, never raw frames: the video was encoded once by
-the trainer and every rollout, the reference pass and the policy pass reuse that encoding.
-Results carry the prompt ids as the engine expanded them (one placeholder per visual token):
-that expanded layout is the one the trainer must score.
+A request carries a prompt's :class:`~core.layout.PromptLayout` (token ids with the video
+placeholders expanded, video slots, positions) and the video's cached embeddings, never raw
+frames: the video was encoded once by the trainer and every rollout, the reference pass and the
+policy pass reuse that encoding. Completions are returned per request; the trainer scores them
+in the request's own layout, so nothing about the prompt comes back from the engine.
+
+Engines are chosen in the config by ``class_path`` with their own ``init_args`` (all settings,
+no model): constructing one is cheap, and :meth:`RolloutEngine.start` loads it once the policy
+exists.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
 import torch
+
+from core.layout import PromptLayout
+from core.video import VideoEmbedding
 
 
 @dataclass(frozen=True)
@@ -42,22 +50,12 @@ class SamplingConfig:
 
 
 @dataclass
-class VideoEmbedding:
-    """One video, encoded: what the language model sees instead of frames."""
-
-    embeds: torch.Tensor
-    """``(num_visual_tokens, hidden)`` output of the vision tower's merger."""
-    grid_thw: torch.Tensor
-    """``(3,)`` grid in patches: temporal patches, height patches, width patches."""
-    second_per_grid: float
-    """Seconds spanned by one temporal patch (drives the temporal M-RoPE positions)."""
-
-
-@dataclass
 class RolloutRequest:
-    prompt_ids: list[int]
-    """Prompt token ids with one video placeholder token per video."""
+    """One prompt to complete ``n`` times."""
+
+    layout: PromptLayout
     video: VideoEmbedding | None = None
+    """The prompt's video, encoded (None for a text-only prompt)."""
 
 
 @dataclass
@@ -72,66 +70,46 @@ class Completion:
 
 @dataclass
 class RolloutResult:
-    prompt_ids: list[int]
-    """The prompt as the engine saw it: video placeholders expanded to one per visual token."""
+    """The completions of one request, in sampling order."""
+
     completions: list[Completion] = field(default_factory=list)
 
 
-class RolloutEngine(Protocol):
-    def generate(
-        self, requests: Sequence[RolloutRequest], sampling: SamplingConfig
-    ) -> list[RolloutResult]: ...
+@dataclass
+class PolicyHandle:
+    """What an engine may need of the policy it samples for."""
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
-
-    def sleep(self) -> None: ...
-
-    def wake(self) -> None: ...
-
-
-def num_visual_tokens(grid_thw: torch.Tensor, spatial_merge_size: int) -> int:
-    """Placeholder tokens of one video: temporal x height x width patches / merge^2.
-
-    >>> num_visual_tokens(torch.tensor([8, 4, 4]), 2)
-    32
-    """
-    t, h, w = (int(x) for x in grid_thw)
-    return t * h * w // (spatial_merge_size**2)
+    model_path: str
+    """The HF directory the policy was loaded from (an engine with its own copy loads it)."""
+    model: torch.nn.Module
+    """The live policy (an engine that samples in place uses it)."""
+    tokenizer: Any
+    """Its tokenizer (special token ids, decoding)."""
 
 
-def expand_video_placeholders(
-    prompt_ids: Sequence[int], video_token_id: int, tokens_per_video: Sequence[int]
-) -> list[int]:
-    """Repeat each video placeholder as many times as the video has visual tokens.
+class RolloutEngine(ABC):
+    """Samples completions for the trainer; one subclass per backend (vLLM, transformers)."""
 
-    A prompt that is already expanded (as many placeholders as visual tokens) is returned as is.
+    dtype: str | None = None
+    """The dtype the engine computes in; None: the policy's own (it samples with the policy)."""
 
-    >>> expand_video_placeholders([1, 9, 2], 9, [3])
-    [1, 9, 9, 9, 2]
-    >>> expand_video_placeholders([1, 9, 9, 9, 2], 9, [3])
-    [1, 9, 9, 9, 2]
-    """
-    placeholders = sum(1 for t in prompt_ids if t == video_token_id)
-    if placeholders == sum(tokens_per_video):
-        return list(prompt_ids)
-    if placeholders != len(tokens_per_video):
-        raise ValueError(f"{placeholders} video placeholders but {len(tokens_per_video)} videos")
-    out: list[int] = []
-    counts = iter(tokens_per_video)
-    for token in prompt_ids:
-        out.extend([token] * next(counts) if token == video_token_id else [token])
-    return out
+    @abstractmethod
+    def start(self, policy: PolicyHandle) -> None:
+        """Load the engine for ``policy`` (its weights as loaded from ``model_path``)."""
 
+    @abstractmethod
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        """``sampling.n`` completions per request, one result per request, in request order."""
 
-def collapse_video_placeholders(prompt_ids: Sequence[int], video_token_id: int) -> list[int]:
-    """Undo :func:`expand_video_placeholders`: each run of placeholders becomes one.
+    @abstractmethod
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Take new values for the named parameters (HF names; parameters not named keep theirs)."""
 
-    >>> collapse_video_placeholders([1, 9, 9, 9, 2], 9)
-    [1, 9, 2]
-    """
-    out: list[int] = []
-    for token in prompt_ids:
-        if token == video_token_id and out and out[-1] == video_token_id:
-            continue
-        out.append(token)
-    return out
+    def sleep(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
+        """Free what the engine can between rollouts (its KV cache); nothing by default."""
+
+    def wake(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
+        """Undo :meth:`sleep`."""
+
+    def shutdown(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
+        """Release the engine (best effort: also used on an engine that has failed)."""

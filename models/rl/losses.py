@@ -5,7 +5,7 @@ and ``mask`` are ``(batch, max_len)``; ``mask`` (bool or float, nonzero = valid)
 completion tokens that enter the loss. Positions outside the mask may hold anything, -inf
 and NaN included: they are replaced by 0 before any arithmetic, so they reach neither the
 loss nor the gradient. A row whose mask is all zero (a filtered group, see
-``models.rl.advantages.zero_variance_rows``) contributes nothing and causes no NaN.
+``rollout.advantages.zero_variance_rows``) contributes nothing and causes no NaN.
 Everything is computed in float32 whatever the input dtype.
 """
 

@@ -16,9 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from datamodules.longvideo_reason import data_parallel_coordinates
 from datamodules.shards import resolve_shards
-from datamodules.stream import EpochAwareDataLoader, VideoQAStream
+from datamodules.stream import EpochAwareDataLoader, VideoQAStream, data_parallel_coordinates
 
 WORLD_SIZE, SEQUENCE_PARALLEL = 4, 2
 

@@ -17,6 +17,7 @@ not divide the group size and a batch with fewer patches than ranks.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from models.loading import load_model
-from models.logprobs import completion_logprobs
+from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
 
 ATTENTIONS = ("ulysses", "ring")
@@ -65,22 +66,31 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
     model = load_model(model_dir).train()
     for attention in ATTENTIONS:
         model.zero_grad()
-        distinct = list({id(v): v for v in videos}.values())
-        for video in distinct:
+        for video in videos:
             video.grad = None
         entropy = torch.zeros(scoring.completion_mask.shape)
         shard = SequenceShard(dist.group.WORLD, attention)
-        logprobs = sequence_parallel_completion_logprobs(model, scoring, videos, shard, entropy=entropy)
+        embeddings = input_embeddings(model, scoring, videos, torch.device("cpu"))
+        logprobs = sequence_parallel_completion_logprobs(model, scoring, embeddings, shard, entropy=entropy)
         loss_of(logprobs).backward()
         sum_gradients_over(list(model.parameters()), shard.group)
-        for video in distinct:
+        for video in videos:
             dist.all_reduce(video.grad, group=shard.group)
         if rank == 0:
             gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-            gradients.update({f"video{i}": v.grad for i, v in enumerate(distinct)})
+            gradients.update({f"video{i}": v.grad for i, v in enumerate(videos)})
             torch.save((logprobs.detach(), entropy, gradients), Path(out_dir) / f"{attention}.pt")
+    vision = model.config.vision_config
     encoded = [
-        encode_videos_sequence_parallel(model, pixels, grid, dist.group.WORLD)
+        encode_videos_sequence_parallel(
+            functools.partial(encode_videos, model),
+            pixels,
+            grid,
+            dist.group.WORLD,
+            spatial_merge_size=vision.spatial_merge_size,
+            hidden_size=vision.out_hidden_size,
+            device=torch.device("cpu"),
+        )
         for pixels, grid in encoding_inputs(model)
     ]
     torch.save(encoded, Path(out_dir) / f"encoding-rank{rank}.pt")
@@ -89,16 +99,18 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    scoring, videos = video_scoring_rows(tiny_model_dir, synth_dir, [0, 1, 0, 1, 0], [5, 9, 3, 1, 12])
+    # Width a multiple of 4, so that 2 and 4 ranks split the rows without re-padding.
+    scoring, videos = video_scoring_rows(
+        tiny_model_dir, synth_dir, [0, 1, 0, 1, 0], [5, 9, 3, 1, 12], length_multiple=4
+    )
     folder = tmp_path_factory.mktemp("sp")
     torch.save((scoring, videos), folder / "inputs.pt")
     model = load_model(tiny_model_dir).train()
     entropy = torch.zeros(scoring.completion_mask.shape)
     logprobs = completion_logprobs(model, scoring, videos, entropy=entropy, share_prompts=False)
     loss_of(logprobs).backward()
-    distinct = list({id(v): v for v in videos}.values())
     gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(distinct)})
+    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(videos)})
     with torch.no_grad():
         encoded = [encode_videos(model, pixels, grid) for pixels, grid in encoding_inputs(model)]
     return {

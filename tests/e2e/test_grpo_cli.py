@@ -139,7 +139,7 @@ def test_trainable_vision_tower_is_re_encoded_with_grad(
         str(tiny_model_dir), learning_rate=1e-3, freeze_vision=False, kl_coef=0.01, max_new_tokens=8
     )
     rollout = RolloutCallback(**engine_init_args("transformers"), num_generations=2, max_new_tokens=8)
-    with caplog.at_level(logging.WARNING, logger="callbacks.rl_rollout"):
+    with caplog.at_level(logging.WARNING, logger="models.grpo"):
         fit_tiny_grpo(module, tiny_model_dir, synth_dir, tmp_path, steps=1, callbacks=[Watch(), rollout])
     assert "re-encodes" in caplog.text
     assert calls == [False, True]  # cached encoding without grad, then the policy pass with grad

@@ -20,15 +20,16 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli, run_cli_expecting_failure, run_lvrl_expecting_failure
+from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli, run_lvrl_expecting_failure
 from helpers.rollout_settings import engine_gap_bar, tiny_rollout_settings
 from helpers.runs import logged, tiny_data_args
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
 
-from models.grpo import RolloutBatch, loss_normalizers
+from models.grpo import loss_normalizers
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.rl.losses import policy_loss
+from rollout.experience import RolloutBatch
 
 STEPS = 2
 
@@ -112,7 +113,7 @@ def test_sp2_fit_matches_one_process(
 
     # One process, the same batch: the GRPOModule loss (policy = reference at step 0, so KL is 0).
     model = load_model(tiny_model_dir).train()
-    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds)
+    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds())
     mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
     loss, _ = policy_loss(
         logprobs,
@@ -181,12 +182,6 @@ def sft_under_sp2_args(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) ->
         "--model.init_args.model_path", str(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
     ]  # fmt: skip
-
-
-def test_sft_refuses_to_split_sequences(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
-    """SFT does not score with a shard: its peers would each add the whole gradient."""
-    result = run_cli_expecting_failure("fit", *sft_under_sp2_args(tiny_model_dir, synth_dir, tmp_path))
-    assert "SFTModule does not split sequences across ranks" in result.stderr
 
 
 def test_validation_under_sequence_parallelism_counts_each_question_once(

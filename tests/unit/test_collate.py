@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 from helpers.tolerances import assert_float32_close
-from transformers import AutoProcessor
+from transformers import AutoConfig, AutoProcessor
 
+from core.layout import PositionRule
 from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.prompts import assistant_target
 from datamodules.shards import resolve_shards
@@ -18,7 +19,8 @@ def _batch(model_dir: Path, synth_dir: Path, n: int = 3):
     processor = AutoProcessor.from_pretrained(model_dir)
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(n), stream, strict=False)]
-    collator = VideoQACollator(processor, with_targets=True, with_generation_prompts=True)
+    rule = PositionRule.of(AutoConfig.from_pretrained(model_dir))
+    collator = VideoQACollator(processor, with_targets=True, position_rule=rule)
     return processor, samples, collator(samples)
 
 
@@ -35,7 +37,7 @@ def test_label_mask_covers_exactly_the_assistant_tokens(tiny_model_dir: Path, sy
         assert tokenizer.decode(target_ids) == assistant_target(sample.row) + "<|im_end|>"
         # Everything before it is the prompt, which is exactly the generation prompt.
         prompt_len = int(positions[0])
-        prompt = batch["prompt_input_ids"][i][batch["prompt_attention_mask"][i].bool()]
+        prompt = batch["prompts"][i].token_ids
         assert torch.equal(prompt, batch["input_ids"][i][:prompt_len])
         assert tokenizer.decode(prompt).rstrip().endswith("<|im_start|>assistant")
         # Padding is neither attended nor labelled.
@@ -50,7 +52,7 @@ def test_video_tokens_and_metadata(tiny_model_dir: Path, synth_dir: Path) -> Non
     merged_tokens_per_video = (grid.prod(-1) // 4).tolist()
     for i in range(len(samples)):
         assert int(batch["video_mask"][i].sum()) == merged_tokens_per_video[i]
-        assert int(batch["prompt_video_mask"][i].sum()) == merged_tokens_per_video[i]
+        assert int(batch["prompts"][i].video_slots.sum()) == merged_tokens_per_video[i]
         assert not batch["video_mask"][i][batch["labels"][i] != IGNORE_INDEX].any()
     # 20 frames at 2 fps = 10 s; 8 sampled frames -> 0.8 fps -> a temporal patch (2 frames) spans 2.5 s.
     # 2 frames / 0.8 fps: two float roundings of a value exact in binary, so a few ulps at most.
@@ -59,6 +61,4 @@ def test_video_tokens_and_metadata(tiny_model_dir: Path, synth_dir: Path) -> Non
     )
     assert batch["pixel_values_videos"].shape[0] == int(grid.prod(-1).sum())
     assert [m["key"] for m in batch["meta"]] == [s.key for s in samples]
-    assert batch["prompt_input_ids"][:, -1].tolist() == batch["prompt_input_ids"][0, -1:].tolist() * len(
-        samples
-    )
+    assert len({int(p.token_ids[-1]) for p in batch["prompts"]}) == 1  # every prompt ends alike

@@ -42,3 +42,17 @@ def test_a_module_without_the_contract_is_refused_by_name() -> None:
 def test_only_the_sequence_parallel_strategy_reduces_gradients_itself() -> None:
     assert isinstance(SequenceParallelStrategy(sequence_parallel_size=1), GradientReducer)
     assert not isinstance(DDPStrategy(), GradientReducer)  # DDP's hooks reduce in backward
+
+
+def test_training_a_module_that_does_not_split_sequences_is_refused(tiny_model_dir) -> None:
+    """SFT does not score with a shard: its peers would each add the whole gradient (validation may)."""
+    from models.grpo import GRPOModule
+    from models.sft import SFTModule
+    from parallel.strategy import check_module_fits
+
+    sft = SFTModule(str(tiny_model_dir))
+    with pytest.raises(ValueError, match="SFTModule does not split sequences across ranks"):
+        check_module_fits(sft, 2, "ulysses", fitting=True)
+    check_module_fits(sft, 2, "ulysses", fitting=False)  # evaluating on split ranks is fine
+    check_module_fits(sft, 1, "ulysses", fitting=True)  # no split: plain data parallelism
+    check_module_fits(GRPOModule(str(tiny_model_dir)), 2, "ulysses", fitting=True)

@@ -9,8 +9,9 @@ import torch
 from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
+from core.layout import ScoringBatch
 from models.loading import load_model
-from models.logprobs import ScoringBatch, completion_logprobs, prompt_groups
+from models.logprobs import completion_logprobs, first_row_of_prompt
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +35,14 @@ def scores_and_gradients(
     weights = torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(1))
     (logprobs * weights).sum().backward()
     gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(videos[:4:3])})
+    gradients.update({f"video{i}": v.grad.clone() for i, v in enumerate(videos)})
     return logprobs.detach(), entropy, gradients
 
 
 def test_rows_of_one_prompt_are_grouped(video_rows: tuple[ScoringBatch, list[torch.Tensor]]) -> None:
-    scoring, videos = video_rows
-    assert prompt_groups(scoring, videos) == [0, 0, 0, 3, 3, 0]
-    # Same ids but another video tensor (e.g. a different video of the same length): not shared.
-    other = [v if i != 5 else v.detach().clone() for i, v in enumerate(videos)]
-    assert prompt_groups(scoring, other) == [0, 0, 0, 3, 3, 5]
+    scoring, _ = video_rows
+    assert scoring.prompt_of_row == [0, 0, 0, 1, 1, 0]
+    assert first_row_of_prompt(scoring) == [0, 0, 0, 3, 3, 0]
 
 
 def test_shared_prompt_scoring_equals_whole_rows(
@@ -69,7 +68,7 @@ def test_shared_prompt_scoring_equals_whole_rows(
     # And both equal scoring each row on its own (no batching or padding effects).
     with torch.no_grad():
         for row in range(len(scoring.prompt_lengths)):
-            alone = completion_logprobs(model, scoring.select([row]), [videos[row]])
+            alone = completion_logprobs(model, scoring.select([row]), videos)
             assert_float32_close(
                 alone[0], whole[row], ulps=FORWARD_ULPS, reason=f"row {row} alone vs in the batch"
             )

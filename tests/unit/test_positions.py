@@ -2,7 +2,7 @@
 
 import torch
 
-from models.positions import mrope_position_ids, mrope_positions_1d
+from core.positions import mrope_position_ids, mrope_positions_1d
 
 
 def test_text_video_text_positions_by_hand() -> None:

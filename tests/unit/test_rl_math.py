@@ -19,13 +19,11 @@ import pytest
 import torch
 from helpers.tolerances import assert_float32_close, assert_identical
 
-from models.rl import (
+from models.rl import aggregate_loss, kl_penalty, policy_loss
+from rollout.advantages import (
     ADVANTAGE_ESTIMATORS,
-    aggregate_loss,
     dr_grpo_advantages,
     grpo_advantages,
-    kl_penalty,
-    policy_loss,
     rloo_advantages,
     zero_variance_groups,
     zero_variance_rows,

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
-from transformers import AutoProcessor
+from transformers import AutoConfig, AutoProcessor
 
+from core.layout import PositionRule
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
@@ -20,7 +21,8 @@ from models.vision import vision_tower
 def batch(tiny_model_dir: Path, synth_dir: Path) -> dict:
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
-    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir))(samples)
+    rule = PositionRule.of(AutoConfig.from_pretrained(tiny_model_dir))
+    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), position_rule=rule)(samples)
 
 
 def test_loss_is_the_mean_over_assistant_tokens(tiny_model_dir: Path, batch: dict) -> None:
@@ -76,34 +78,26 @@ def test_warmup_then_constant_learning_rate(tiny_model_dir: Path) -> None:
 
 def test_sft_forward_scores_like_the_rl_scorer(tiny_model_dir: Path, batch: dict) -> None:
     """SFT teacher forcing and RL scoring see the same layout and positions: same log-probs."""
-    from models.logprobs import build_scoring_batch, completion_logprobs
+    from core.layout import ScoringBatch
+    from models.logprobs import completion_logprobs
     from models.vision import encode_videos
-    from rollout.base import VideoEmbedding
 
     module = SFTModule(str(tiny_model_dir))
     module.configure_model()
     model = module.model.eval()
-    tokenizer = module.processor.tokenizer
     with torch.no_grad():
         logits = module.forward_logits(batch).float()
         videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
-    prompts, targets, embeddings = [], [], []
-    for row in range(batch["input_ids"].shape[0]):
+    prompts, targets = [], []
+    for row, layout in enumerate(batch["prompts"]):
         labelled = batch["labels"][row] != -100
         start = int(labelled.nonzero()[0])
-        prompts.append(batch["input_ids"][row][:start].tolist())
+        # The RL prompt layout is the SFT row's prompt part, token for token.
+        assert torch.equal(layout.token_ids, batch["input_ids"][row][:start])
+        prompts.append(layout.token_ids.tolist())
         targets.append(batch["input_ids"][row][labelled].tolist())
-        embeddings.append(
-            VideoEmbedding(videos[row], batch["video_grid_thw"][row], float(batch["second_per_grid_ts"][row]))
-        )
-    scoring = build_scoring_batch(
-        prompts,
-        targets,
-        embeddings,
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
-        pad_token_id=tokenizer.pad_token_id,
-        spatial_merge_size=2,
-        tokens_per_second=float(model.config.vision_config.tokens_per_second),
+    scoring = ScoringBatch.from_layouts(
+        batch["prompts"], targets, range(len(targets)), pad_token_id=module.processor.tokenizer.pad_token_id
     )
     with torch.no_grad():
         scored = completion_logprobs(model, scoring, videos)

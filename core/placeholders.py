@@ -1,0 +1,40 @@
+"""Video placeholder tokens: how many a video takes, and the two ways a prompt writes them.
+
+The chat template writes **one** placeholder per video; the model's processor expands it to one
+per visual token (the video's merged patches), the form :class:`~core.layout.PromptLayout`
+holds; an engine that expands placeholders itself (vLLM) is given the collapsed one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def num_visual_tokens(grid_thw: torch.Tensor, spatial_merge_size: int) -> int:
+    """Placeholder tokens of one video: temporal x height x width patches / merge^2.
+
+    >>> num_visual_tokens(torch.tensor([8, 4, 4]), 2)
+    32
+    """
+    t, h, w = (int(x) for x in grid_thw)
+    return t * h * w // (spatial_merge_size**2)
+
+
+def collapse_video_placeholders(prompt_ids: Sequence[int], video_slots: Sequence[bool]) -> list[int]:
+    """Each run of video slots becomes one placeholder (the form a chat template writes).
+
+    ``video_slots`` marks the placeholders (so a text token that happens to carry the
+    placeholder id is never merged).
+
+    >>> collapse_video_placeholders([1, 9, 9, 9, 2], [False, True, True, True, False])
+    [1, 9, 2]
+    """
+    out: list[int] = []
+    previous_slot = False
+    for token, slot in zip(prompt_ids, video_slots, strict=True):
+        if not (slot and previous_slot):
+            out.append(token)
+        previous_slot = slot
+    return out

@@ -1,0 +1,247 @@
+"""Producing experience: one batch of prompts in, scored rollouts for the policy update out.
+
+:func:`collect_rollouts` is the whole of it, as a plain function (no Trainer): encode each
+video **once**, ask the engine for G completions per prompt, score them with the configured
+rewards, compute group advantages (and the zero-variance filter), and lay the rows out for
+the policy pass from the prompts' own :class:`~core.layout.PromptLayout`. The result, a
+:class:`RolloutBatch`, is what :class:`~callbacks.rl_rollout.RolloutCallback` hands to the
+module (:class:`RolloutConsumer`). :func:`rollout_metrics` summarises it for the logs.
+
+The settings here are those of *how experience is produced* (:class:`ExperienceSettings`:
+sampling, rewards, advantage, filtering); how it is learned from (clipping, KL, aggregation,
+iterations) belongs to the module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+from core.layout import PromptLayout, ScoringBatch, pad_rows
+from core.video import VideoEmbedding
+from parallel.shard import SequenceShard
+from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs
+from rewards.parsing import follows_format, response_choice
+from rewards.registry import SAMPLE_FIELDS
+from rollout.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
+from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+
+if TYPE_CHECKING:  # the consumer protocol's annotations only
+    from rollout.base import PolicyHandle, RolloutEngine
+
+VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
+"""``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""
+Generator = Callable[[list[RolloutRequest], SamplingConfig], list[RolloutResult]]
+"""The engine's ``generate`` (possibly supervised, or shared out over sequence-parallel peers)."""
+
+
+@dataclass(frozen=True)
+class ExperienceSettings:
+    """How experience is produced (the rollout callback's settings)."""
+
+    sampling: SamplingConfig
+    """G (``n``), temperature, top-p, budget and the base seed."""
+    rewards: tuple[RewardSpec, ...] = field(default_factory=lambda: tuple(default_reward_specs()))
+    advantage: str = "grpo"
+    """``grpo`` (mean/std per group), ``dr_grpo`` (mean only) or ``rloo``."""
+    filter_zero_variance: bool = False
+    """Drop groups whose rewards are all equal (DAPO's dynamic sampling)."""
+
+    def __post_init__(self) -> None:
+        problem = settings_problem(self.advantage, self.sampling.n)
+        if problem:
+            raise ValueError(problem)
+
+    @property
+    def group_size(self) -> int:
+        return self.sampling.n
+
+    def sampling_at(self, step: int) -> SamplingConfig:
+        """The sampling of one training step: a step-dependent seed (the same after a resume)."""
+        seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * step
+        return dataclasses.replace(self.sampling, seed=seed)
+
+
+def settings_problem(advantage: str, group_size: int) -> str | None:
+    """Why an advantage estimator and a group size cannot work together (None: they can).
+
+    >>> settings_problem("grpo", 1).split(":")[0]
+    'num_generations=1'
+    >>> settings_problem("rloo", 2) is None
+    True
+    """
+    if advantage not in ADVANTAGE_ESTIMATORS:
+        return f"advantage must be one of {sorted(ADVANTAGE_ESTIMATORS)}, got {advantage!r}"
+    if group_size < 2:  # every estimator here is group-relative
+        return (
+            f"num_generations={group_size}: group-relative advantages need at least 2 completions "
+            "per prompt (with 1 every advantage is 0)"
+        )
+    return None
+
+
+@dataclass
+class PromptBatch:
+    """What rollouts need of a training batch: the prompts' layouts, videos and metadata."""
+
+    layouts: list[PromptLayout]
+    meta: list[dict[str, Any]]
+    """One dict per prompt (the collator's ``meta``: key, answer, options, ...)."""
+    pixel_values_videos: torch.Tensor
+    video_grid_thw: torch.Tensor
+    """``(prompts, 3)``, one video per prompt."""
+
+    @classmethod
+    def of(cls, batch: dict[str, Any]) -> PromptBatch:
+        """The prompt half of a :class:`~datamodules.collate.VideoQACollator` batch."""
+        if "prompts" not in batch:
+            raise KeyError("the batch has no 'prompts' layouts: collate with with_generation_prompts=True")
+        return cls(batch["prompts"], batch["meta"], batch["pixel_values_videos"], batch["video_grid_thw"])
+
+    def __len__(self) -> int:
+        return len(self.layouts)
+
+
+@dataclass
+class RolloutBatch:
+    """Scored rollouts of one batch of prompts: what the policy update consumes.
+
+    Rows are completions, G per prompt, prompt-major: rows ``[k*G, (k+1)*G)`` answer prompt k
+    (``scoring.prompt_of_row`` says so explicitly).
+    """
+
+    prompts: PromptBatch
+    videos: list[VideoEmbedding]
+    """Each prompt's video, encoded once (the rows of a prompt share it)."""
+    completions: list[Completion]
+    scoring: ScoringBatch
+    old_logprobs: torch.Tensor
+    """``(rows, max_completion_len)`` engine (behaviour-policy) log-probs of the sampled tokens."""
+    rewards: RewardBreakdown
+    advantages: torch.Tensor
+    """``(rows,)`` group-relative advantages."""
+    zero_variance: torch.Tensor
+    """``(rows,)`` bool: the row's group scored all alike."""
+    row_mask: torch.Tensor
+    """``(rows,)`` 1.0 for rows that train (0 for groups removed by zero-variance filtering)."""
+    group_size: int
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def video_embeds(self) -> list[torch.Tensor]:
+        """Each prompt's cached encoding, indexed like ``scoring.prompt_of_row``."""
+        return [v.embeds for v in self.videos]
+
+
+@runtime_checkable
+class RolloutConsumer(Protocol):
+    """What :class:`~callbacks.rl_rollout.RolloutCallback` needs of the module it feeds (checked at setup)."""
+
+    sequence_shard: SequenceShard | None
+    """The sequence-parallel group the module scores with (None: sequences are not split)."""
+
+    def policy(self) -> PolicyHandle:
+        """The policy an engine starts on."""
+        ...
+
+    def encode_videos(
+        self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The vision tower's output, one tensor per video (shared out over ``sequence_shard``)."""
+        ...
+
+    def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
+        """Raise ``ValueError`` listing every way ``settings`` cannot work with the module's own."""
+        ...
+
+    def receive_rollouts(self, rollouts: RolloutBatch) -> None:
+        """Take the rollouts the next training step learns from."""
+        ...
+
+
+def collect_rollouts(
+    prompts: PromptBatch,
+    encode: VideoEncoder,
+    generate: Generator,
+    settings: ExperienceSettings,
+    *,
+    step: int,
+    pad_token_id: int,
+    length_multiple: int = 1,
+) -> RolloutBatch:
+    """Scored rollouts of ``prompts`` (see the module docstring); ``length_multiple`` pads the
+    scoring rows for a sequence-parallel group of that size."""
+    with torch.no_grad():
+        encoded = encode(prompts.pixel_values_videos, prompts.video_grid_thw)
+    videos = [layout.encoded_video(embeds) for embeds, layout in zip(encoded, prompts.layouts, strict=True)]
+    requests = [RolloutRequest(layout, video) for layout, video in zip(prompts.layouts, videos, strict=True)]
+    sampling = settings.sampling_at(step)
+    results = generate(requests, sampling)
+    g = sampling.n
+    completions = [c for result in results for c in result.completions]
+    if len(completions) != len(prompts) * g:
+        raise RuntimeError(f"the engine returned {len(completions)} completions for {len(prompts)} x {g}")
+    prompt_of_row = [k for k in range(len(prompts)) for _ in range(g)]
+    texts = [c.text for c in completions]
+    fields = {name: [prompts.meta[k][name] for k in prompt_of_row] for name in SAMPLE_FIELDS}
+    breakdown = compute_rewards(list(settings.rewards), texts, fields)
+    rewards = torch.tensor(breakdown.total, dtype=torch.float32)
+    advantages = ADVANTAGE_ESTIMATORS[settings.advantage](rewards, g)
+    flat = zero_variance_rows(rewards, g)
+    row_mask = (~flat).float() if settings.filter_zero_variance else torch.ones_like(rewards)
+    scoring = ScoringBatch.from_layouts(
+        prompts.layouts,
+        [c.token_ids for c in completions],
+        prompt_of_row,
+        pad_token_id=pad_token_id,
+        length_multiple=length_multiple,
+    )
+    old_logprobs, _ = pad_rows([c.logprobs for c in completions], torch.float32)
+    return RolloutBatch(
+        prompts, videos, completions, scoring, old_logprobs, breakdown, advantages, flat, row_mask, g
+    )
+
+
+def rollout_metrics(rollouts: RolloutBatch) -> dict[str, float]:
+    """What a rollout batch looked like: rewards per function, accuracy, format, lengths, flat groups."""
+    metrics: dict[str, float] = {}
+    for name, values in rollouts.rewards.per_function.items():
+        tensor = torch.tensor(values)
+        metrics[f"reward/{name}_mean"] = float(tensor.mean())
+        metrics[f"reward/{name}_std"] = float(tensor.std(unbiased=False))
+    metrics["reward/total_mean"] = float(torch.tensor(rollouts.rewards.total).mean())
+    texts = [c.text for c in rollouts.completions]
+    meta = [rollouts.prompts.meta[k] for k in rollouts.scoring.prompt_of_row]
+    correct = [
+        float(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"])
+        for t, m in zip(texts, meta, strict=True)
+    ]
+    n = len(texts)
+    metrics["rollout/accuracy"] = sum(correct) / n
+    metrics["rollout/format_rate"] = sum(follows_format(t) for t in texts) / n
+    lengths = torch.tensor([len(c.token_ids) for c in rollouts.completions], dtype=torch.float32)
+    metrics["rollout/response_length_mean"] = float(lengths.mean())
+    metrics["rollout/response_length_max"] = float(lengths.max())
+    metrics["rollout/zero_variance_group_fraction"] = float(rollouts.zero_variance.float().mean())
+    return metrics
+
+
+def sample_records(rollouts: RolloutBatch, step: int) -> list[dict[str, Any]]:
+    """One JSON-able record per completion (step, prompt key, answer, completion, reward)."""
+    return [
+        {
+            "step": step,
+            "key": rollouts.prompts.meta[k]["key"],
+            "answer": rollouts.prompts.meta[k]["answer"],
+            "completion": c.text,
+            "reward": r,
+        }
+        for k, c, r in zip(
+            rollouts.scoring.prompt_of_row, rollouts.completions, rollouts.rewards.total, strict=True
+        )
+    ]

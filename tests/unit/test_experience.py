@@ -1,0 +1,153 @@
+"""Producing experience without a Trainer: collect_rollouts, the engine supervisor, the settings fit."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
+from transformers import AutoProcessor
+
+from core.failures import RolloutFailed
+from core.layout import PositionRule, pad_rows
+from datamodules.collate import VideoQACollator
+from datamodules.shards import resolve_shards
+from datamodules.stream import VideoQAStream
+from models.loading import load_model
+from models.logprobs import completion_logprobs
+from models.vision import encode_videos
+from rewards.combine import RewardSpec
+from rollout.advantages import grpo_advantages
+from rollout.base import PolicyHandle, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.experience import ExperienceSettings, PromptBatch, collect_rollouts, settings_problem
+from rollout.hf_engine import TransformersEngine
+from rollout.supervision import EngineSupervisor
+
+
+def prompt_batch(model_dir: Path, synth_dir: Path, model: torch.nn.Module) -> PromptBatch:
+    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
+    samples = [s for _, s in zip(range(2), stream, strict=False)]
+    collator = VideoQACollator(
+        AutoProcessor.from_pretrained(model_dir), position_rule=PositionRule.of(model.config)
+    )
+    return PromptBatch.of(collator(samples))
+
+
+def test_collect_rollouts_lays_out_what_the_engine_sampled(tiny_model_dir: Path, synth_dir: Path) -> None:
+    model = load_model(tiny_model_dir).eval()
+    tokenizer = AutoProcessor.from_pretrained(tiny_model_dir).tokenizer
+    prompts = prompt_batch(tiny_model_dir, synth_dir, model)
+    engine = TransformersEngine.for_model(model, tokenizer)
+    settings = ExperienceSettings(
+        SamplingConfig(n=3, temperature=1.0, max_new_tokens=6, seed=4), (RewardSpec("format", 1.0),)
+    )
+    encodings: list[int] = []
+
+    def encode(pixels: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
+        encodings.append(len(grids))
+        return encode_videos(model, pixels, grids)
+
+    rollouts = collect_rollouts(
+        prompts, encode, engine.generate, settings, step=2, pad_token_id=tokenizer.pad_token_id
+    )
+    assert encodings == [2]  # each video encoded once, for all six completions
+    assert len(rollouts) == 6 and rollouts.group_size == 3
+    assert rollouts.scoring.prompt_of_row == [0, 0, 0, 1, 1, 1]
+    for row, completion in enumerate(rollouts.completions):
+        layout = prompts.layouts[row // 3]
+        n = len(completion.token_ids)
+        assert rollouts.scoring.input_ids[row, : len(layout)].tolist() == layout.token_ids.tolist()
+        assert rollouts.scoring.input_ids[row, len(layout) : len(layout) + n].tolist() == completion.token_ids
+    assert_identical(
+        rollouts.old_logprobs,
+        pad_rows([c.logprobs for c in rollouts.completions], torch.float32)[0],
+        reason="engine log-probs, padded",
+    )
+    rewards = torch.tensor(rollouts.rewards.total)
+    assert_identical(rollouts.advantages, grpo_advantages(rewards, 3), reason="advantages of the rewards")
+    # The step seeds the sampling: the same step samples the same completions.
+    again = collect_rollouts(
+        prompts, encode, engine.generate, settings, step=2, pad_token_id=tokenizer.pad_token_id
+    )
+    assert [c.token_ids for c in again.completions] == [c.token_ids for c in rollouts.completions]
+    # The trainer scores the laid-out rows as the engine sampled them.
+    with torch.no_grad():
+        scored = completion_logprobs(model, rollouts.scoring, rollouts.video_embeds())
+    valid = rollouts.scoring.completion_mask.bool()
+    assert_float32_close(
+        scored[valid],
+        rollouts.old_logprobs[valid],
+        ulps=FORWARD_ULPS,
+        scale=float(torch.log(torch.tensor(float(model.config.text_config.vocab_size)))),
+        reason="trainer vs transformers engine on the collected rows",
+    )
+
+
+class FlakyEngine(RolloutEngine):
+    """A real engine's life cycle with scripted failures: raises on the first ``fail`` generations,
+    or sleeps ``hang_s`` in each."""
+
+    def __init__(self, fail: int = 0, hang_s: float = 0.0) -> None:
+        self.fail, self.hang_s = fail, hang_s
+        self.starts: list[str] = []
+        self.pushed: list[list[str]] = []
+
+    def start(self, policy: PolicyHandle) -> None:
+        self.starts.append(policy.model_path)
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        time.sleep(self.hang_s)
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("engine core died")
+        return [RolloutResult() for _ in requests]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pushed.append([name for name, _ in named_tensors])
+
+
+def supervised(engine: FlakyEngine, timeout_s: float | None = None) -> EngineSupervisor:
+    supervisor = EngineSupervisor(
+        engine,
+        policy=lambda: PolicyHandle("policy-dir", torch.nn.Linear(1, 1), None),
+        weights=lambda: [("w", torch.zeros(1))],
+        timeout_s=timeout_s,
+    )
+    supervisor.start(sync_weights=False)
+    return supervisor
+
+
+def test_a_failed_engine_is_restarted_with_the_weights_and_the_rollout_retried() -> None:
+    engine = FlakyEngine(fail=1)
+    supervisor = supervised(engine)
+    results = supervisor.run(lambda e: e.generate([], SamplingConfig(n=2)), step=7)
+    assert results == [] and supervisor.restarts == 1
+    assert engine.starts == ["policy-dir", "policy-dir"] and engine.pushed == [["w"]]
+
+
+def test_a_second_failure_or_a_hang_stops_with_rollout_failed() -> None:
+    supervisor = supervised(FlakyEngine(fail=2))
+    with pytest.raises(RolloutFailed, match="failed again after a restart at step 3"):
+        supervisor.run(lambda e: e.generate([], SamplingConfig(n=2)), step=3)
+    hung = supervised(FlakyEngine(hang_s=5.0), timeout_s=0.2)
+    started = time.perf_counter()
+    with pytest.raises(RolloutFailed, match="did not answer within"):
+        hung.run(lambda e: e.generate([], SamplingConfig(n=2)), step=0)
+    assert time.perf_counter() - started < 2.0
+
+
+def test_settings_that_cannot_work_are_refused_at_once(tiny_model_dir: Path) -> None:
+    from models.grpo import GRPOModule
+    from rollout.vllm_engine import VLLMEngine
+
+    assert settings_problem("grpo", 1) is not None and settings_problem("rloo", 2) is None
+    with pytest.raises(ValueError, match="num_generations=1"):
+        ExperienceSettings(SamplingConfig(n=1))
+    module = GRPOModule(str(tiny_model_dir), dtype="float32")
+    module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="float32"))
+    module.check_experience(ExperienceSettings(SamplingConfig(n=2)), TransformersEngine())
+    with pytest.raises(ValueError, match="samples in bfloat16 but the policy scores in float32"):
+        module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="bfloat16"))
