@@ -67,37 +67,32 @@ def _process_state_restored():
     """Put back what an ``lvrl`` command changes in its process: the logging set-up
     (:func:`app.logs.install_run_logging`), Python's warning hook, environment variables
     (``PL_GLOBAL_SEED``, ``VLLM_CONFIGURE_LOGGING``), the working directory and ``sys.argv``."""
-    import transformers.utils.logging as transformers_logging
+    from helpers.log_state import logging_restored
 
-    from app.logs import LIGHTNING_LOGGERS, library_loggers, uninstall_run_logging
-
-    loggers = [logging.getLogger(), *library_loggers(), *map(logging.getLogger, LIGHTNING_LOGGERS)]
-    saved = [(lg, list(lg.handlers), lg.propagate, lg.level) for lg in loggers]
-    progress_bars = transformers_logging.is_progress_bar_enabled()
     environ, cwd, argv, showwarning = dict(os.environ), os.getcwd(), sys.argv, warnings.showwarning
-    try:
-        yield
-    finally:
-        wandb = sys.modules.get("wandb")
-        if wandb is not None and wandb.run is not None:
-            wandb.finish()  # else the next run's WandbLogger would log into this run
-        # A vLLM engine that goes away takes vLLM's process-wide parallel state with it, so an
-        # engine cached by a test helper from before the run cannot generate any more: drop it
-        # too (the next test starts a fresh one).
-        engine_helpers = sys.modules.get("helpers.engine_helpers")
-        if engine_helpers is not None:
-            engine_helpers.vllm_engine.cache_clear()
-        gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
-        uninstall_run_logging()
-        for logger, handlers, propagate, level in saved:
-            logger.handlers[:] = handlers
-            logger.propagate, logger.level = propagate, level
-        if progress_bars:
-            transformers_logging.enable_progress_bar()
-        os.environ.clear()
-        os.environ.update(environ)
-        os.chdir(cwd)
-        sys.argv, warnings.showwarning = argv, showwarning
+    with logging_restored():
+        try:
+            yield
+        finally:
+            _drop_run_state()
+            os.environ.clear()
+            os.environ.update(environ)
+            os.chdir(cwd)
+            sys.argv, warnings.showwarning = argv, showwarning
+
+
+def _drop_run_state() -> None:
+    """What a finished in-process run leaves behind that the next one must not find."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()  # else the next run's WandbLogger would log into this run
+    # A vLLM engine that goes away takes vLLM's process-wide parallel state with it, so an
+    # engine cached by a test helper from before the run cannot generate any more: drop it
+    # too (the next test starts a fresh one).
+    engine_helpers = sys.modules.get("helpers.engine_helpers")
+    if engine_helpers is not None:
+        engine_helpers.vllm_engine.cache_clear()
+    gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
 
 
 @contextlib.contextmanager

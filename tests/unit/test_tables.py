@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from helpers.imports import assert_imports_none_of
 
 from evaluation.metrics import MultipleChoiceScores, format_accuracy_table
 from evaluation.tables import RULE, Column, Table, render_table
@@ -68,11 +66,7 @@ def test_the_validate_table_is_laid_out_as_before() -> None:
 
 
 def test_evaluation_does_not_import_models_or_lightning() -> None:
-    # A fresh interpreter: this test process may have them loaded already.
-    code = (
-        "import sys, evaluation.evaluator, evaluation.report, evaluation.scoring, evaluation.tables\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('models', 'lightning', 'callbacks', 'app', 'datamodules', 'parallel'))\n"
-        "assert not bad, bad\n"
+    assert_imports_none_of(
+        ["evaluation.evaluator", "evaluation.report", "evaluation.scoring", "evaluation.tables"],
+        ["models", "lightning", "callbacks", "app", "datamodules", "parallel"],
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
