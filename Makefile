@@ -22,12 +22,13 @@ demo: setup
 	bash tools/demo.sh $(DEMO_DIR)
 
 # Two pytest workers, whole files each (module fixtures are built once, a file's tests run in
-# order); each worker computes on one thread (tests/conftest.py), so together they fill 2 cores.
+# order), the longest files first (tests/conftest.py); each worker computes on one thread, so
+# together they fill 2 cores.
 TEST_WORKERS ?= 2
 
 test: setup
 	$(PY) -m ruff check .
-	WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(PY) -m ruff check .

@@ -29,7 +29,23 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+# The files that take longest (subprocesses, several runs), longest first. `make test` hands
+# whole files to two workers in collection order (--no-loadscope-reorder): starting these first
+# keeps one worker from running the longest file alone at the end.
+LONGEST_FILES = (
+    "tests/e2e/test_resume.py",
+    "tests/e2e/test_grpo_sp_cli.py",
+    "tests/distributed/test_sequence_parallel.py",
+    "tests/e2e/test_failures.py",
+    "tests/distributed/test_data_split.py",
+    "tests/e2e/test_sft_cli.py",
+    "tests/e2e/test_grpo_cli.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = {path: rank for rank, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable
     import torch
 
     if torch.cuda.is_available():
