@@ -4,7 +4,7 @@
   positions, built once per sample; and :class:`~core.layout.ScoringBatch`, the
   ``prompt + completion`` rows derived from layouts for a forward pass.
 - :mod:`core.positions`: the one M-RoPE position rule of training, rollout and evaluation.
-- :mod:`core.placeholders`: video placeholder tokens (how many, collapsed to one per video).
+- :mod:`core.placeholders`: video placeholder tokens collapsed to one per video.
 - :mod:`core.video`: :class:`~core.video.VideoEmbedding`, a video as the language model sees it.
 - :mod:`core.qa` and :mod:`core.answers`: the question/answer vocabulary and the one
   ``<answer>`` pattern.

@@ -1,4 +1,4 @@
-"""Video placeholder tokens: how many a video takes, and the two ways a prompt writes them.
+"""Video placeholder tokens: the two ways a prompt writes them.
 
 The chat template writes **one** placeholder per video; the model's processor expands it to one
 per visual token (the video's merged patches), the form :class:`~core.layout.PromptLayout`
@@ -8,18 +8,6 @@ holds; an engine that expands placeholders itself (vLLM) is given the collapsed 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import torch
-
-
-def num_visual_tokens(grid_thw: torch.Tensor, spatial_merge_size: int) -> int:
-    """Placeholder tokens of one video: temporal x height x width patches / merge^2.
-
-    >>> num_visual_tokens(torch.tensor([8, 4, 4]), 2)
-    32
-    """
-    t, h, w = (int(x) for x in grid_thw)
-    return t * h * w // (spatial_merge_size**2)
 
 
 def collapse_video_placeholders(prompt_ids: Sequence[int], video_slots: Sequence[bool]) -> list[int]:

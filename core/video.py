@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,3 +18,7 @@ class VideoEmbedding:
     """``(3,)`` grid in patches: temporal patches, height patches, width patches."""
     second_per_grid: float
     """Seconds spanned by one temporal patch (drives the temporal M-RoPE positions)."""
+
+
+VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
+"""``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""

@@ -13,13 +13,10 @@ divide by the group size simply ends mid-run), each rank encodes its run, and an
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 
-VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
-"""``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""
+from core.video import VideoEncoder
 
 
 def temporal_patch_runs(grid_thw: torch.Tensor, parts: int) -> list[list[tuple[int, int, int]]]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 from core.layout import PromptLayout, ScoringBatch, pad_rows
-from core.video import VideoEmbedding
+from core.video import VideoEmbedding, VideoEncoder
 from parallel.shard import SequenceShard
 from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs
 from rewards.parsing import follows_format, response_choice
@@ -33,8 +33,6 @@ from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConf
 if TYPE_CHECKING:  # the consumer protocol's annotations only
     from rollout.base import PolicyHandle, RolloutEngine
 
-VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]
-"""``(pixel_values_videos, video_grid_thw) -> one (visual_tokens, hidden) tensor per video``."""
 Generator = Callable[[list[RolloutRequest], SamplingConfig], list[RolloutResult]]
 """The engine's ``generate`` (possibly supervised, or shared out over sequence-parallel peers)."""
 
