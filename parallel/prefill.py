@@ -1,21 +1,25 @@
 """Sequence-parallel prefill (MR-SP stage 2): completion log-probs with the sequence split across ranks.
 
 Every rank of the sequence-parallel group holds the same rows (the same batch, the same cached
-video embeddings). The rows come laid out with a width L that divides by the group size P
-(:meth:`core.layout.ScoringBatch.from_layouts` with ``length_multiple=P``) and their input
-embeddings built by the model side, so each rank keeps one contiguous slice of L / P positions
-without re-padding anything. Everything that depends on the whole sequence was computed on the
-whole sequence before slicing: the M-RoPE positions (in the layout) and the next-token targets
-(shifted by one on the whole row, so the token after a slice boundary is still the target of
-the slice's last position). This module knows no model family: it takes the embeddings.
-Attention crosses slices through Ulysses or ring attention (:mod:`parallel.attention`). Each
-rank scores its own positions, and the per-position log-probs are gathered so that every rank
-holds the full ``(rows, completion)`` tensor.
+video embeddings), with their input embeddings built by the model side. Each rank keeps the
+positions :meth:`~parallel.shard.SequenceShard.positions` gives it: one contiguous slice of
+L / P (Ulysses, or ring with ``ring_layout="contiguous"``), or two chunks of L / 2P, r and
+2P - 1 - r (ring's balanced ``zigzag`` layout). Rows laid out with a width that divides into
+those parts (:meth:`core.layout.ScoringBatch.from_layouts` with ``length_multiple=
+shard.length_multiple``) are split without copying; others are right-padded here first
+(padding after every real token is never attended by one, under the causal mask).
+Everything that depends on the whole sequence was computed on the whole sequence before
+splitting: the M-RoPE positions (in the layout) and the next-token targets (shifted by one on
+the whole row, so the token after a chunk boundary is still the target of the chunk's last
+position). This module knows no model family: it takes the embeddings.
+Attention crosses ranks through Ulysses or ring attention (:mod:`parallel.attention`). Each
+rank scores its own positions, and the per-position log-probs are gathered back into row order
+so that every rank holds the full ``(rows, completion)`` tensor.
 
 Gradients: every rank computes the same loss from the gathered log-probs, so the gather's
-backward hands each rank the gradient of its own slice (no communication). Each rank's parameter
-gradients are then its share; their **sum over the group** is the single-process gradient
-(:func:`sum_gradients_over`).
+backward hands each rank the gradient of its own positions (no communication). Each rank's
+parameter gradients are then its share; their **sum over the group** is the single-process
+gradient (:func:`sum_gradients_over`).
 """
 
 from __future__ import annotations
@@ -32,22 +36,29 @@ from parallel.shard import SequenceShard
 
 
 class _GatherSlices(torch.autograd.Function):
-    """All-gather along ``dim`` for a loss every rank computes identically: backward keeps own slice."""
+    """All-gather along ``dim`` into row order, for a loss every rank computes identically:
+    backward keeps the rank's own positions."""
 
     @staticmethod
     def forward(ctx: Any, local: torch.Tensor, shard: SequenceShard, dim: int) -> torch.Tensor:  # type: ignore[override]
         parts = [torch.empty_like(local) for _ in range(shard.size)]
         dist.all_gather(parts, local.contiguous(), group=shard.group)
-        ctx.rank, ctx.size, ctx.dim = shard.rank, shard.size, dim
-        return torch.cat(parts, dim=dim)
+        gathered = torch.cat(parts, dim=dim)
+        length = gathered.shape[dim]
+        ctx.mine, ctx.dim = shard.positions(length).to(local.device), dim
+        if shard.layout == "contiguous":
+            return gathered  # rank order is row order
+        held = torch.cat([shard.positions(length, rank) for rank in range(shard.size)]).to(local.device)
+        return gathered.index_select(dim, torch.argsort(held))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
-        return grad.chunk(ctx.size, dim=ctx.dim)[ctx.rank].contiguous(), None, None
+        return grad.index_select(ctx.dim, ctx.mine), None, None
 
 
 def gather_slices(local: torch.Tensor, shard: SequenceShard, dim: int = 1) -> torch.Tensor:
-    """Concatenate every rank's ``local`` along ``dim`` (in rank order), differentiably."""
+    """Every rank's ``local`` (its positions along ``dim``, in its local order) put together in
+    row order, differentiably."""
     return _GatherSlices.apply(local, shard, dim)
 
 
@@ -62,39 +73,44 @@ def sequence_parallel_completion_logprobs(
 
     ``embeddings`` are the rows' ``(rows, length, hidden)`` input embeddings (video slots
     filled). The model must use the ``lvrl_sequence_parallel`` attention implementation (this
-    function switches it if needed). Rows are forwarded whole (no prompt sharing).
+    function switches it if needed). Rows are forwarded whole (no prompt sharing); a width that
+    does not divide into ``shard.length_multiple`` parts is right-padded first.
     """
     rows, length = batch.input_ids.shape
-    if length % shard.size:
-        raise ValueError(
-            f"rows of width {length} do not split over {shard.size} ranks: lay them out with "
-            f"ScoringBatch.from_layouts(..., length_multiple={shard.size})"
-        )
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
     device = embeddings.device
-    width = length // shard.size
-    # Target of position t is token t + 1 of the whole row (shift before slicing).
+    # Target of position t is token t + 1 of the whole row (shift before splitting).
     targets = torch.zeros(rows, length, dtype=torch.long)
     targets[:, : length - 1] = batch.input_ids[:, 1:]
     positions = batch.position_ids
-    first = shard.rank * width
-    mine = slice(first, first + width)
+    padded = -(-length // shard.length_multiple) * shard.length_multiple
+    if padded > length:  # right-padding: after every real token, so no real query attends it
+        missing = padded - length
+        embeddings = torch.cat([embeddings, embeddings.new_zeros(rows, missing, embeddings.shape[2])], dim=1)
+        targets = torch.nn.functional.pad(targets, (0, missing))
+        positions = torch.nn.functional.pad(positions, (0, missing))
+    mine = shard.positions(padded)
+    width = len(mine)
+    if shard.layout == "contiguous":  # one run of positions: a view, no copy
+        local_embeddings = embeddings[:, int(mine[0]) : int(mine[0]) + width]
+    else:
+        local_embeddings = embeddings.index_select(1, mine.to(device))
     # Logits only where a completion token is predicted (from the shortest prompt's last token
     # on): for a long video, the prompt positions' full-vocabulary logits would be the largest
-    # tensor of the pass. A slice that is all prompt keeps none.
-    keep_from = min(max(first, min(batch.prompt_lengths) - 1), first + width)
-    keep = (torch.arange(keep_from, first + width) - first).to(device)
+    # tensor of the pass. A rank holding only prompt positions keeps none.
+    keep = torch.nonzero(mine >= min(batch.prompt_lengths) - 1).squeeze(1)
     logits = model(
-        inputs_embeds=embeddings[:, mine],
+        inputs_embeds=local_embeddings,
         position_ids=positions[:, :, mine].to(device),
         attention_mask=None,
         use_cache=False,
         sequence_shard=shard,
-        logits_to_keep=keep,
+        logits_to_keep=keep.to(device),
     ).logits
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    kept_targets = targets[:, mine].to(device)[:, keep]
+    kept_targets = targets[:, mine[keep]].to(device)
+    keep = keep.to(device)
     local = torch.zeros(rows, width, device=device)
     local[:, keep] = log_probs.gather(-1, kept_targets.unsqueeze(-1)).squeeze(-1)
     per_position = gather_slices(local, shard, dim=1)

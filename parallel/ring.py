@@ -1,13 +1,19 @@
 """Ring attention: each rank keeps its queries; key/value blocks travel around the group.
 
-Rank r holds block r of the sequence. In step s it attends its queries to the key/value block
-of rank ``r - s`` (its own at s = 0) and passes that block on to rank ``r + 1``, combining the
+Each rank holds the positions of :meth:`~parallel.shard.SequenceShard.positions`: by default
+the ``zigzag`` layout (the row cut into 2P chunks, rank r holding chunks r and 2P-1-r), or one
+``contiguous`` slice per rank. In step s a rank attends its queries to the key/value block of
+rank ``r - s`` (its own at s = 0) and passes that block on to rank ``r + 1``, combining the
 partial results with the online (streaming) softmax: a running row maximum ``m``, running
-normaliser ``l`` and running output. Causality by global position: blocks from earlier ranks
-are attended fully, the own block causally, later blocks not at all (but still passed on).
-Memory per rank is one extra key/value block, whatever P; any head count works (the Ulysses
-constraint does not apply). Liu et al., "Ring Attention with Blockwise Transformers",
-arXiv 2310.01889.
+normaliser ``l`` and running output. Causality by global position decides, per step, which
+query x key products are computed at all (:func:`ring_schedule`): with contiguous slices a rank
+attends earlier ranks' blocks fully, its own causally, later ones not at all, so rank r does
+r + 1 blocks of work and the last rank P times the first's; with zigzag every rank does the
+same work (its first chunk sees the first half of an earlier rank's block, its second chunk the
+whole block of a later rank). Memory per rank is one extra key/value block, whatever P; any
+head count works (the Ulysses constraint does not apply). Liu et al., "Ring Attention with
+Blockwise Transformers", arXiv 2310.01889; the zigzag split is the load-balanced one of Llama
+3's context parallelism (arXiv 2407.21783, section 3.3.2).
 
 The backward pass is written out (a ``torch.autograd.Function``), since gradients must travel
 the ring too: each rank recomputes the attention probabilities block by block from the saved
@@ -17,6 +23,7 @@ block to an accumulator that travels with the block and arrives back at its owne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,13 +49,70 @@ QUERY_CHUNK = 1024
 ``QUERY_CHUNK x block`` per head, whatever the slice length."""
 
 
+@dataclass(frozen=True)
+class Block:
+    """One product of a ring step: local queries ``queries`` against keys ``keys`` of the received block."""
+
+    queries: slice
+    keys: slice
+    causal: bool
+    """The queries and keys are the same positions: query i sees keys 0..i of the block only."""
+
+    @property
+    def score_entries(self) -> int:
+        """Query x key scores this block computes per head and row (its share of the work)."""
+        return (self.queries.stop - self.queries.start) * (self.keys.stop - self.keys.start)
+
+
+def ring_schedule(rank: int, size: int, length: int, layout: str) -> list[list[Block]]:
+    """Per ring step s (the block of rank ``(rank - s) % size``), the products ``rank`` computes.
+
+    ``length`` is the number of positions each rank holds. Every block of a rank is a run of
+    positions in increasing global order, so within the own block a local causal mask is the
+    global one.
+
+    >>> [len(step) for step in ring_schedule(0, 4, 8, "contiguous")]  # only its own block
+    [1, 0, 0, 0]
+    >>> [sum(b.score_entries for b in step) for step in ring_schedule(0, 4, 8, "zigzag")]
+    [48, 32, 32, 32]
+    """
+    everything = slice(0, length)
+    steps: list[list[Block]] = []
+    for step in range(size):
+        source = (rank - step) % size
+        if layout == "contiguous":
+            if source < rank:  # an earlier slice: wholly in the past
+                steps.append([Block(everything, everything, causal=False)])
+            elif source == rank:
+                steps.append([Block(everything, everything, causal=True)])
+            else:  # a later slice: wholly in the future (passed on, not attended)
+                steps.append([])
+            continue
+        if length % 2:
+            raise ValueError(f"a zigzag shard holds two equal chunks, not {length} positions")
+        half = length // 2
+        first, second = slice(0, half), slice(half, length)
+        if source == rank:
+            # Own chunks r < 2P-1-r: each causally on itself, the second fully on the first.
+            steps.append(
+                [Block(first, first, causal=True), Block(second, first, False), Block(second, second, True)]
+            )
+        elif source < rank:
+            # Chunk s is before both own chunks, chunk 2P-1-s after both.
+            steps.append([Block(everything, first, causal=False)])
+        else:
+            # Both chunks of a later rank lie between own chunks r and 2P-1-r.
+            steps.append([Block(second, everything, causal=False)])
+    return steps
+
+
 def _chunk_scores(
     query: torch.Tensor, key: torch.Tensor, scaling: float, causal_from: int | None
 ) -> torch.Tensor:
-    """``(B, H, chunk, Lk)`` scaled scores of a query chunk against a key block.
+    """``(B, H, chunk, Lk)`` scaled scores of a query chunk against the keys of a block.
 
-    ``causal_from``: for the rank's own block, the index of the chunk's first query within the
-    block (keys after a query are masked); None for a block that lies wholly in the past.
+    ``causal_from``: for a causal block, the index of the chunk's first query within the block
+    (keys after a query are masked); None for a block that lies wholly in the past.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if causal_from is not None:
@@ -58,8 +122,14 @@ def _chunk_scores(
     return scores
 
 
-def _chunks(length: int) -> list[slice]:
-    return [slice(start, min(start + QUERY_CHUNK, length)) for start in range(0, length, QUERY_CHUNK)]
+def _chunks(queries: slice) -> list[slice]:
+    """``queries`` in runs of at most :data:`QUERY_CHUNK`."""
+    start, stop = queries.start, queries.stop
+    return [slice(first, min(first + QUERY_CHUNK, stop)) for first in range(start, stop, QUERY_CHUNK)]
+
+
+def _causal_from(block: Block, rows: slice) -> int | None:
+    return rows.start - block.queries.start if block.causal else None
 
 
 class _RingAttention(torch.autograd.Function):
@@ -72,21 +142,23 @@ class _RingAttention(torch.autograd.Function):
         shard: SequenceShard,
         scaling: float,
     ) -> torch.Tensor:
-        rank, size = shard.rank, shard.size
+        size = shard.size
+        schedule = ring_schedule(shard.rank, size, query.shape[2], shard.layout)
         # Scores in float32 whatever the input dtype: the running sums need the range.
         q, k, v = query.float(), key.float(), value.float()
         out = torch.zeros_like(q)
         row_max = torch.full(q.shape[:-1], float("-inf"), device=q.device)
         row_sum = torch.zeros(q.shape[:-1], device=q.device)
-        for step in range(size):
-            source = (rank - step) % size
-            if source <= rank:  # later ranks' blocks are entirely in the future
-                for rows in _chunks(q.shape[2]):
-                    scores = _chunk_scores(q[:, :, rows], k, scaling, rows.start if source == rank else None)
+        for step, blocks in enumerate(schedule):
+            for block in blocks:
+                block_k, block_v = k[:, :, block.keys], v[:, :, block.keys]
+                for rows in _chunks(block.queries):
+                    scores = _chunk_scores(q[:, :, rows], block_k, scaling, _causal_from(block, rows))
                     new_max = torch.maximum(row_max[:, :, rows], scores.amax(dim=-1))
                     correction = torch.exp(row_max[:, :, rows] - new_max)  # exp(-inf) = 0 at first
                     weights = torch.exp(scores - new_max.unsqueeze(-1))
-                    out[:, :, rows] = out[:, :, rows] * correction.unsqueeze(-1) + torch.matmul(weights, v)
+                    update = torch.matmul(weights, block_v)
+                    out[:, :, rows] = out[:, :, rows] * correction.unsqueeze(-1) + update
                     row_sum[:, :, rows] = row_sum[:, :, rows] * correction + weights.sum(dim=-1)
                     row_max[:, :, rows] = new_max
             if step < size - 1:
@@ -94,30 +166,30 @@ class _RingAttention(torch.autograd.Function):
         out = out / row_sum.unsqueeze(-1)
         log_sum_exp = row_max + torch.log(row_sum)
         ctx.save_for_backward(query, key, value, out, log_sum_exp)
-        ctx.shard, ctx.scaling = shard, scaling
+        ctx.shard, ctx.scaling, ctx.schedule = shard, scaling, schedule
         return out.to(query.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         query, key, value, out, log_sum_exp = ctx.saved_tensors
         shard, scaling = ctx.shard, ctx.scaling
-        rank, size = shard.rank, shard.size
         q, k, v, d_out = query.float(), key.float(), value.float(), grad_out.float()
         # d(softmax) needs rowsum(dO * O) per query (the "delta" of the standard derivation).
         delta = (d_out * out).sum(dim=-1, keepdim=True)
         d_q = torch.zeros_like(q)
         d_k, d_v = torch.zeros_like(k), torch.zeros_like(v)  # travel with the block they belong to
-        for step in range(size):
-            source = (rank - step) % size
-            if source <= rank:
-                for rows in _chunks(q.shape[2]):
+        for blocks in ctx.schedule:
+            for block in blocks:
+                block_k, block_v = k[:, :, block.keys], v[:, :, block.keys]
+                for rows in _chunks(block.queries):
                     q_rows, d_out_rows = q[:, :, rows], d_out[:, :, rows]
-                    scores = _chunk_scores(q_rows, k, scaling, rows.start if source == rank else None)
+                    scores = _chunk_scores(q_rows, block_k, scaling, _causal_from(block, rows))
                     probs = torch.exp(scores - log_sum_exp[:, :, rows].unsqueeze(-1))
-                    d_v = d_v + torch.matmul(probs.transpose(-1, -2), d_out_rows)
-                    d_scores = probs * (torch.matmul(d_out_rows, v.transpose(-1, -2)) - delta[:, :, rows])
-                    d_q[:, :, rows] += torch.matmul(d_scores, k) * scaling
-                    d_k = d_k + torch.matmul(d_scores.transpose(-1, -2), q_rows) * scaling
+                    d_v[:, :, block.keys] += torch.matmul(probs.transpose(-1, -2), d_out_rows)
+                    d_probs = torch.matmul(d_out_rows, block_v.transpose(-1, -2))
+                    d_scores = probs * (d_probs - delta[:, :, rows])
+                    d_q[:, :, rows] += torch.matmul(d_scores, block_k) * scaling
+                    d_k[:, :, block.keys] += torch.matmul(d_scores.transpose(-1, -2), q_rows) * scaling
             # After P hops a block and its gradient accumulator are back with their owner.
             k, v, d_k, d_v = _pass_on([k, v, d_k, d_v], shard)
         return d_q.to(query.dtype), d_k.to(key.dtype), d_v.to(value.dtype), None, None
@@ -129,7 +201,8 @@ def ring_attention(
     """Causal attention of a sequence split over ``shard.group``; returns ``(B, L/P, H, D)``.
 
     ``query`` is ``(B, H, L/P, D)``, ``key``/``value`` ``(B, H_kv, L/P, D)`` (repeated to ``H``
-    heads here; autograd sums the repeats back).
+    heads here; autograd sums the repeats back), each rank's positions those of
+    ``shard.positions`` (already rotated with them).
     """
     groups = query.shape[1] // key.shape[1]
     if groups > 1:

@@ -1,14 +1,20 @@
 """Sequence-parallel prefill in 2 and 4 real gloo processes against one process.
 
 The reference: :func:`models.logprobs.completion_logprobs` on every row whole, in this process.
-The workers: the same rows, the sequence split across the group, Ulysses or ring attention.
+The workers: the same rows, the sequence split across the group, Ulysses attention (contiguous
+slices) or ring attention in its balanced zigzag layout and in contiguous slices.
 Compared: completion log-probs, entropy, and every parameter's gradient of the same loss plus
 the cached video embeddings' gradient, within float32 bars scaled to the values
 (``tolerances.FORWARD_ULPS`` / ``GRADIENT_ULPS``): sharding reorders reductions and nothing
 else, whatever the thread count (the workers run one thread each, the reference the default).
 The rows are real video prompts of two lengths with ragged completions, so the padded length
 does not divide the group size and rows end in different slices; the tiny model has 4 query
-heads and 2 key/value heads, so at 4 ranks Ulysses repeats the key/value heads (GQA).
+heads and 2 key/value heads, so at 4 ranks Ulysses repeats the key/value heads (GQA). The rows'
+width is a multiple of 4 but not of 8, so zigzag at 4 ranks (8 chunks) pads them itself.
+
+Work balance: each worker counts the query x key scores its ring attention computes (a spy on
+``parallel.ring._chunk_scores``); zigzag gives every rank the same count, contiguous slices give
+the last rank P times the first's.
 
 The same processes check stage 1: videos encoded with their temporal patches dealt across the
 ranks equal the one-process encoding on every rank, including a video whose patch count does
@@ -31,7 +37,8 @@ from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
 
-ATTENTIONS = ("ulysses", "ring")
+SHARDINGS = (("ulysses", "contiguous"), ("ring", "zigzag"), ("ring", "contiguous"))
+"""(attention, ring layout): Ulysses always holds contiguous slices."""
 # Temporal patches x patch rows x patch columns: 5 + 3 patches (a split inside the first video
 # at 2 and at 4 ranks), and a single-patch video (ranks with nothing to encode).
 ENCODING_GRIDS = (torch.tensor([[5, 4, 4], [3, 2, 4]]), torch.tensor([[1, 2, 2]]))
@@ -50,6 +57,10 @@ def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
     return (logprobs * weights).sum()
 
 
+def name_of(attention: str, layout: str) -> str:
+    return attention if attention == "ulysses" else f"ring-{layout}"
+
+
 def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path: str, out_dir: str) -> None:
     from parallel.encoding import encode_videos_sequence_parallel
     from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over
@@ -62,24 +73,38 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
     import parallel.ring
 
     parallel.ring.QUERY_CHUNK = 16  # several query chunks per block, so the chunk offsets are exercised
+    scores_computed = [0]
+    chunk_scores = parallel.ring._chunk_scores
+
+    def counting_chunk_scores(query: torch.Tensor, key: torch.Tensor, *args: object) -> torch.Tensor:
+        scores_computed[0] += query.shape[2] * key.shape[2]
+        return chunk_scores(query, key, *args)
+
+    parallel.ring._chunk_scores = counting_chunk_scores
     scoring, videos = torch.load(inputs, weights_only=False)
     model = load_model(model_dir).train()
-    for attention in ATTENTIONS:
+    work = {}
+    for attention, layout in SHARDINGS:
         model.zero_grad()
         for video in videos:
             video.grad = None
         entropy = torch.zeros(scoring.completion_mask.shape)
-        shard = SequenceShard(dist.group.WORLD, attention)
+        shard = SequenceShard(dist.group.WORLD, attention, ring_layout=layout)
+        scores_computed[0] = 0
         embeddings = input_embeddings(model, scoring, videos, torch.device("cpu"))
         logprobs = sequence_parallel_completion_logprobs(model, scoring, embeddings, shard, entropy=entropy)
         loss_of(logprobs).backward()
         sum_gradients_over(list(model.parameters()), shard.group)
         for video in videos:
             dist.all_reduce(video.grad, group=shard.group)
+        work[name_of(attention, layout)] = scores_computed[0]
         if rank == 0:
             gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             gradients.update({f"video{i}": v.grad for i, v in enumerate(videos)})
-            torch.save((logprobs.detach(), entropy, gradients), Path(out_dir) / f"{attention}.pt")
+            torch.save(
+                (logprobs.detach(), entropy, gradients), Path(out_dir) / f"{name_of(attention, layout)}.pt"
+            )
+    torch.save(work, Path(out_dir) / f"work-rank{rank}.pt")
     vision = model.config.vision_config
     encoded = [
         encode_videos_sequence_parallel(
@@ -128,6 +153,8 @@ def test_sequence_parallel_prefill_matches_one_process(
 ) -> None:
     length = reference["logprobs"].shape[0]
     assert length == 5
+    scoring, _ = torch.load(reference["inputs"], weights_only=False)
+    assert scoring.input_ids.shape[1] % 8 == 4, "zigzag at 4 ranks should have to pad the rows"
     mp.start_processes(
         _worker,
         args=(
@@ -140,9 +167,9 @@ def test_sequence_parallel_prefill_matches_one_process(
         nprocs=world_size,
         start_method="spawn",
     )
-    for attention in ATTENTIONS:
-        logprobs, entropy, gradients = torch.load(tmp_path / f"{attention}.pt")
-        why = f"{world_size} {attention} ranks vs one process"
+    for attention, layout in SHARDINGS:
+        logprobs, entropy, gradients = torch.load(tmp_path / f"{name_of(attention, layout)}.pt")
+        why = f"{world_size} {name_of(attention, layout)} ranks vs one process"
         assert_float32_close(logprobs, reference["logprobs"], ulps=FORWARD_ULPS, reason=f"log-probs, {why}")
         assert_float32_close(entropy, reference["entropy"], ulps=FORWARD_ULPS, reason=f"entropy, {why}")
         assert gradients.keys() == reference["grads"].keys()
@@ -150,6 +177,13 @@ def test_sequence_parallel_prefill_matches_one_process(
             assert_float32_close(
                 gradients[name], expected, ulps=GRADIENT_ULPS, reason=f"{name} gradient, {why}"
             )
+    work = [torch.load(tmp_path / f"work-rank{rank}.pt") for rank in range(world_size)]
+    assert [w["ulysses"] for w in work] == [0] * world_size
+    zigzag = [w["ring-zigzag"] for w in work]
+    contiguous = [w["ring-contiguous"] for w in work]
+    assert min(zigzag) > 0 and len(set(zigzag)) == 1, f"zigzag scores per rank {zigzag}"
+    assert contiguous == [(rank + 1) * contiguous[0] for rank in range(world_size)], contiguous
+    assert max(zigzag) < contiguous[-1]
     for rank in range(world_size):
         encoded = torch.load(tmp_path / f"encoding-rank{rank}.pt")
         for batch, expected in zip(encoded, reference["encoded"], strict=True):
