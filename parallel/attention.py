@@ -3,7 +3,9 @@
 A model loaded (or switched with ``model.set_attn_implementation``) to this name attends with
 PyTorch SDPA as usual, and with Ulysses or ring attention when the forward call carries a
 ``sequence_shard=`` keyword (transformers passes extra forward keywords down to the attention
-function). No library code is patched: this is the registry transformers provides for it.
+function), following the segment rule of packed rows when it also carries
+``sequence_segments=``. No library code is patched: this is the registry transformers provides
+for it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,15 @@ def sequence_parallel_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     sequence_shard: SequenceShard | None = None,
+    sequence_segments: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: ``(B, H, L, D)`` in, ``(B, L, H, D)`` out."""
+    """transformers' attention-function signature: ``(B, H, L, D)`` in, ``(B, L, H, D)`` out.
+
+    ``sequence_segments``: for rows packed by :func:`parallel.packing.shared_prompt_rows`, the
+    ``(B, whole length)`` segment ids in row order; attention then follows
+    :func:`parallel.packing.visible` instead of the plain causal mask.
+    """
     if sequence_shard is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
@@ -47,7 +55,7 @@ def sequence_parallel_attention(
         raise ValueError("sequence-parallel attention does not implement attention dropout")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     attend = ulysses_attention if sequence_shard.attention == "ulysses" else ring_attention
-    return attend(query, key, value, sequence_shard, scale), None
+    return attend(query, key, value, sequence_shard, scale, segments=sequence_segments), None
 
 
 def register_sequence_parallel_attention() -> str:

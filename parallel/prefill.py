@@ -14,7 +14,9 @@ the whole row, so the token after a chunk boundary is still the target of the ch
 position). This module knows no model family: it takes the embeddings.
 Attention crosses ranks through Ulysses or ring attention (:mod:`parallel.attention`). Each
 rank scores its own positions, and the per-position log-probs are gathered back into row order
-so that every rank holds the full ``(rows, completion)`` tensor.
+so that every rank holds the full ``(rows, completion)`` tensor. With ``share_prompts`` the rows
+split are not the ``prompt + completion`` rows but one packed row per distinct prompt, its
+completions after it (:mod:`parallel.packing`), the same way.
 
 Gradients: every rank computes the same loss from the gathered log-probs, so the gather's
 backward hands each rank the gradient of its own positions (no communication). Each rank's
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from core.layout import ScoringBatch
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
+from parallel.packing import shared_prompt_rows, whole_rows
 from parallel.shard import SequenceShard
 
 
@@ -68,48 +71,50 @@ def sequence_parallel_completion_logprobs(
     embeddings: torch.Tensor,
     shard: SequenceShard,
     entropy: torch.Tensor | None = None,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
     """``(rows, max_completion_len)`` completion log-probs, as :func:`models.logprobs.completion_logprobs`.
 
     ``embeddings`` are the rows' ``(rows, length, hidden)`` input embeddings (video slots
     filled). The model must use the ``lvrl_sequence_parallel`` attention implementation (this
-    function switches it if needed). Rows are forwarded whole (no prompt sharing); a width that
+    function switches it if needed). Rows are forwarded whole, or with ``share_prompts`` each
+    distinct prompt once with all its completions packed after it
+    (:func:`parallel.packing.shared_prompt_rows`: about G times less prompt work for G
+    completions a prompt; the same log-probs and gradients up to float rounding). A width that
     does not divide into ``shard.length_multiple`` parts is right-padded first.
     """
-    rows, length = batch.input_ids.shape
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
     device = embeddings.device
-    # Target of position t is token t + 1 of the whole row (shift before splitting).
-    targets = torch.zeros(rows, length, dtype=torch.long)
-    targets[:, : length - 1] = batch.input_ids[:, 1:]
-    positions = batch.position_ids
-    padded = -(-length // shard.length_multiple) * shard.length_multiple
-    if padded > length:  # right-padding: after every real token, so no real query attends it
-        missing = padded - length
-        embeddings = torch.cat([embeddings, embeddings.new_zeros(rows, missing, embeddings.shape[2])], dim=1)
-        targets = torch.nn.functional.pad(targets, (0, missing))
-        positions = torch.nn.functional.pad(positions, (0, missing))
-    mine = shard.positions(padded)
+    pack = (
+        shared_prompt_rows
+        if share_prompts and len(set(batch.prompt_of_row)) < len(batch.prompt_of_row)
+        else None
+    )
+    scoring = (pack or whole_rows)(batch, embeddings).padded_to(shard.length_multiple)
+    rows, length = scoring.targets.shape
+    mine = shard.positions(length)
     width = len(mine)
     if shard.layout == "contiguous":  # one run of positions: a view, no copy
-        local_embeddings = embeddings[:, int(mine[0]) : int(mine[0]) + width]
+        local_embeddings = scoring.embeddings[:, int(mine[0]) : int(mine[0]) + width]
     else:
-        local_embeddings = embeddings.index_select(1, mine.to(device))
-    # Logits only where a completion token is predicted (from the shortest prompt's last token
-    # on): for a long video, the prompt positions' full-vocabulary logits would be the largest
-    # tensor of the pass. A rank holding only prompt positions keeps none.
-    keep = torch.nonzero(mine >= min(batch.prompt_lengths) - 1).squeeze(1)
+        local_embeddings = scoring.embeddings.index_select(1, mine.to(device))
+    # Logits only where a completion token is predicted (from the first such position on): for
+    # a long video, the prompt positions' full-vocabulary logits would be the largest tensor of
+    # the pass. A rank holding only prompt positions keeps none.
+    keep = torch.nonzero(mine >= min(first for _, first, _ in scoring.spans)).squeeze(1)
+    segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
     logits = model(
         inputs_embeds=local_embeddings,
-        position_ids=positions[:, :, mine].to(device),
+        position_ids=scoring.positions[:, :, mine].to(device),
         attention_mask=None,
         use_cache=False,
         sequence_shard=shard,
         logits_to_keep=keep.to(device),
+        **segments,
     ).logits
     log_probs = torch.log_softmax(logits.float(), dim=-1)
-    kept_targets = targets[:, mine[keep]].to(device)
+    kept_targets = scoring.targets[:, mine[keep]].to(device)
     keep = keep.to(device)
     local = torch.zeros(rows, width, device=device)
     local[:, keep] = log_probs.gather(-1, kept_targets.unsqueeze(-1)).squeeze(-1)
@@ -120,14 +125,12 @@ def sequence_parallel_completion_logprobs(
             local_entropy[:, keep] = -(log_probs.exp() * log_probs).sum(-1)
             entropy_per_position = gather_slices(local_entropy, shard, dim=1)
     out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
-    for i, start in enumerate(batch.prompt_lengths):
-        n = int(batch.completion_mask[i].sum())
+    for i, (row, first, n) in enumerate(scoring.spans):
         if n == 0:
             continue
-        # Position start - 1 predicts the first completion token.
-        out[i, :n] = per_position[i, start - 1 : start - 1 + n]
+        out[i, :n] = per_position[row, first : first + n]
         if entropy is not None:
-            entropy[i, :n] = entropy_per_position[i, start - 1 : start - 1 + n]
+            entropy[i, :n] = entropy_per_position[row, first : first + n]
     return out
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from parallel.packing import visible
 from parallel.shard import SequenceShard
 
 
@@ -107,16 +108,19 @@ def ring_schedule(rank: int, size: int, length: int, layout: str) -> list[list[B
 
 
 def _chunk_scores(
-    query: torch.Tensor, key: torch.Tensor, scaling: float, causal_from: int | None
+    query: torch.Tensor, key: torch.Tensor, scaling: float, hidden: torch.Tensor | int | None
 ) -> torch.Tensor:
     """``(B, H, chunk, Lk)`` scaled scores of a query chunk against the keys of a block.
 
-    ``causal_from``: for a causal block, the index of the chunk's first query within the block
-    (keys after a query are masked); None for a block that lies wholly in the past.
+    ``hidden``: for a causal block, the index of the chunk's first query within the block (keys
+    after a query are masked); for packed rows, a ``(B, chunk, Lk)`` mask of the pairs the
+    segment rule hides; None for a block that lies wholly in the past.
     """
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if causal_from is not None:
-        rows = torch.arange(causal_from, causal_from + query.shape[2], device=query.device)
+    if isinstance(hidden, torch.Tensor):
+        scores = scores.masked_fill(hidden.unsqueeze(1), float("-inf"))
+    elif hidden is not None:
+        rows = torch.arange(hidden, hidden + query.shape[2], device=query.device)
         future = torch.arange(key.shape[2], device=query.device).unsqueeze(0) > rows.unsqueeze(1)
         scores = scores.masked_fill(future, float("-inf"))
     return scores
@@ -128,8 +132,26 @@ def _chunks(queries: slice) -> list[slice]:
     return [slice(first, min(first + QUERY_CHUNK, stop)) for first in range(start, stop, QUERY_CHUNK)]
 
 
-def _causal_from(block: Block, rows: slice) -> int | None:
-    return rows.start - block.queries.start if block.causal else None
+class _Masks:
+    """What a query chunk may not see of a block: by position within a causal block, or, for
+    packed rows, by :func:`parallel.packing.visible` on global positions and segments."""
+
+    def __init__(self, shard: SequenceShard, length: int, segments: torch.Tensor | None) -> None:
+        self.segments = segments
+        if segments is not None:
+            whole = length * shard.size
+            self.held = [shard.positions(whole, rank).to(segments.device) for rank in range(shard.size)]
+            self.rank = shard.rank
+
+    def hidden(self, block: Block, rows: slice, step: int) -> torch.Tensor | int | None:
+        if self.segments is None:
+            return rows.start - block.queries.start if block.causal else None
+        queries = self.held[self.rank][rows]
+        keys = self.held[(self.rank - step) % len(self.held)][block.keys]
+        seen = visible(
+            queries[:, None], keys[None, :], self.segments[:, queries, None], self.segments[:, None, keys]
+        )
+        return ~seen
 
 
 class _RingAttention(torch.autograd.Function):
@@ -141,9 +163,11 @@ class _RingAttention(torch.autograd.Function):
         value: torch.Tensor,
         shard: SequenceShard,
         scaling: float,
+        segments: torch.Tensor | None,
     ) -> torch.Tensor:
         size = shard.size
         schedule = ring_schedule(shard.rank, size, query.shape[2], shard.layout)
+        masks = _Masks(shard, query.shape[2], segments)
         # Scores in float32 whatever the input dtype: the running sums need the range.
         q, k, v = query.float(), key.float(), value.float()
         out = torch.zeros_like(q)
@@ -153,10 +177,12 @@ class _RingAttention(torch.autograd.Function):
             for block in blocks:
                 block_k, block_v = k[:, :, block.keys], v[:, :, block.keys]
                 for rows in _chunks(block.queries):
-                    scores = _chunk_scores(q[:, :, rows], block_k, scaling, _causal_from(block, rows))
+                    scores = _chunk_scores(q[:, :, rows], block_k, scaling, masks.hidden(block, rows, step))
                     new_max = torch.maximum(row_max[:, :, rows], scores.amax(dim=-1))
-                    correction = torch.exp(row_max[:, :, rows] - new_max)  # exp(-inf) = 0 at first
-                    weights = torch.exp(scores - new_max.unsqueeze(-1))
+                    # A query that has seen no key yet (all hidden so far) keeps a zero output.
+                    finite_max = new_max.masked_fill(new_max == float("-inf"), 0.0)
+                    correction = torch.exp(row_max[:, :, rows] - finite_max)  # exp(-inf) = 0 at first
+                    weights = torch.exp(scores - finite_max.unsqueeze(-1))
                     update = torch.matmul(weights, block_v)
                     out[:, :, rows] = out[:, :, rows] * correction.unsqueeze(-1) + update
                     row_sum[:, :, rows] = row_sum[:, :, rows] * correction + weights.sum(dim=-1)
@@ -166,7 +192,7 @@ class _RingAttention(torch.autograd.Function):
         out = out / row_sum.unsqueeze(-1)
         log_sum_exp = row_max + torch.log(row_sum)
         ctx.save_for_backward(query, key, value, out, log_sum_exp)
-        ctx.shard, ctx.scaling, ctx.schedule = shard, scaling, schedule
+        ctx.shard, ctx.scaling, ctx.schedule, ctx.masks = shard, scaling, schedule, masks
         return out.to(query.dtype)
 
     @staticmethod
@@ -178,12 +204,12 @@ class _RingAttention(torch.autograd.Function):
         delta = (d_out * out).sum(dim=-1, keepdim=True)
         d_q = torch.zeros_like(q)
         d_k, d_v = torch.zeros_like(k), torch.zeros_like(v)  # travel with the block they belong to
-        for blocks in ctx.schedule:
+        for step, blocks in enumerate(ctx.schedule):
             for block in blocks:
                 block_k, block_v = k[:, :, block.keys], v[:, :, block.keys]
                 for rows in _chunks(block.queries):
                     q_rows, d_out_rows = q[:, :, rows], d_out[:, :, rows]
-                    scores = _chunk_scores(q_rows, block_k, scaling, _causal_from(block, rows))
+                    scores = _chunk_scores(q_rows, block_k, scaling, ctx.masks.hidden(block, rows, step))
                     probs = torch.exp(scores - log_sum_exp[:, :, rows].unsqueeze(-1))
                     d_v[:, :, block.keys] += torch.matmul(probs.transpose(-1, -2), d_out_rows)
                     d_probs = torch.matmul(d_out_rows, block_v.transpose(-1, -2))
@@ -192,20 +218,26 @@ class _RingAttention(torch.autograd.Function):
                     d_k[:, :, block.keys] += torch.matmul(d_scores.transpose(-1, -2), q_rows) * scaling
             # After P hops a block and its gradient accumulator are back with their owner.
             k, v, d_k, d_v = _pass_on([k, v, d_k, d_v], shard)
-        return d_q.to(query.dtype), d_k.to(key.dtype), d_v.to(value.dtype), None, None
+        return d_q.to(query.dtype), d_k.to(key.dtype), d_v.to(value.dtype), None, None, None
 
 
 def ring_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shard: SequenceShard, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    shard: SequenceShard,
+    scaling: float,
+    segments: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a sequence split over ``shard.group``; returns ``(B, L/P, H, D)``.
 
     ``query`` is ``(B, H, L/P, D)``, ``key``/``value`` ``(B, H_kv, L/P, D)`` (repeated to ``H``
     heads here; autograd sums the repeats back), each rank's positions those of
-    ``shard.positions`` (already rotated with them).
+    ``shard.positions`` (already rotated with them). ``segments`` (``(B, L)`` in row order,
+    packed rows): attend by :func:`parallel.packing.visible` instead of plainly causally.
     """
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    out = _RingAttention.apply(query, key, value, shard, scaling)
+    out = _RingAttention.apply(query, key, value, shard, scaling, segments)
     return out.transpose(1, 2)

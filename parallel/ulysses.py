@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.nn.functional import all_to_all
 
+from parallel.packing import SHARED, visible
 from parallel.shard import SequenceShard
 
 
@@ -37,12 +38,18 @@ def _heads_to_sequence(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
 
 
 def ulysses_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shard: SequenceShard, scaling: float
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    shard: SequenceShard,
+    scaling: float,
+    segments: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of a sequence split over ``shard.group``; returns ``(B, L/P, H, D)``.
 
     ``query`` is ``(B, H, L/P, D)``, ``key``/``value`` ``(B, H_kv, L/P, D)``, all already
-    rotated with the shard's own positions.
+    rotated with the shard's own positions. ``segments`` (``(B, L)``, packed rows): attend by
+    :func:`parallel.packing.visible` instead of plainly causally.
     """
     heads, kv_heads, size = query.shape[1], key.shape[1], shard.size
     if heads % size:
@@ -54,7 +61,48 @@ def ulysses_attention(
         key = key.repeat_interleave(heads // kv_heads, dim=1)
         value = value.repeat_interleave(heads // kv_heads, dim=1)
     query, key, value = (_sequence_to_heads(t, shard) for t in (query, key, value))
-    return _heads_to_sequence(causal_attention(query, key, value, scaling), shard).transpose(1, 2)
+    out = causal_attention(query, key, value, scaling)
+    if segments is not None:
+        out = _redo_completion_queries(out, query, key, value, scaling, segments)
+    return _heads_to_sequence(out, shard).transpose(1, 2)
+
+
+def _redo_completion_queries(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    segments: torch.Tensor,
+) -> torch.Tensor:
+    """``out`` with the queries of completion segments attended again under the segment rule.
+
+    The plain causal pass is already right for the shared prompt (everything before a prompt
+    position is prompt); a completion position must not see the completions packed before
+    it. Those are few (G completions against a long prompt), so their scores are computed
+    against the whole row with an explicit mask.
+    """
+    length = segments.shape[1]
+    index = torch.arange(length, device=segments.device)
+    rows = []
+    for row in range(segments.shape[0]):
+        queries = torch.nonzero(segments[row] > SHARED).squeeze(1)
+        if not len(queries):
+            rows.append(out[row])
+            continue
+        mask = visible(
+            queries[:, None], index[None, :], segments[row, queries][:, None], segments[row][None, :]
+        )
+        redone = F.scaled_dot_product_attention(
+            query[row : row + 1, :, queries],
+            key[row : row + 1],
+            value[row : row + 1],
+            attn_mask=mask,
+            scale=scaling,
+            enable_gqa=key.shape[1] != query.shape[1],
+        )
+        rows.append(out[row].index_copy(1, queries, redone[0].to(out.dtype)))
+    return torch.stack(rows)
 
 
 def causal_attention(

@@ -2,7 +2,9 @@
 
 The reference: :func:`models.logprobs.completion_logprobs` on every row whole, in this process.
 The workers: the same rows, the sequence split across the group, Ulysses attention (contiguous
-slices) or ring attention in its balanced zigzag layout and in contiguous slices.
+slices) or ring attention in its balanced zigzag layout and in contiguous slices; every row
+forwarded whole, and (Ulysses, ring zigzag) each prompt forwarded once with its completions
+packed after it (``share_prompts``: the rows of a prompt share its keys and values).
 Compared: completion log-probs, entropy, and every parameter's gradient of the same loss plus
 the cached video embeddings' gradient, within float32 bars scaled to the values
 (``tolerances.FORWARD_ULPS`` / ``GRADIENT_ULPS``): sharding reorders reductions and nothing
@@ -37,8 +39,14 @@ from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
 
-SHARDINGS = (("ulysses", "contiguous"), ("ring", "zigzag"), ("ring", "contiguous"))
-"""(attention, ring layout): Ulysses always holds contiguous slices."""
+SHARDINGS = (
+    ("ulysses", "contiguous", False),
+    ("ring", "zigzag", False),
+    ("ring", "contiguous", False),
+    ("ulysses", "contiguous", True),
+    ("ring", "zigzag", True),
+)
+"""(attention, ring layout, share prompts): Ulysses always holds contiguous slices."""
 # Temporal patches x patch rows x patch columns: 5 + 3 patches (a split inside the first video
 # at 2 and at 4 ranks), and a single-patch video (ranks with nothing to encode).
 ENCODING_GRIDS = (torch.tensor([[5, 4, 4], [3, 2, 4]]), torch.tensor([[1, 2, 2]]))
@@ -57,8 +65,9 @@ def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
     return (logprobs * weights).sum()
 
 
-def name_of(attention: str, layout: str) -> str:
-    return attention if attention == "ulysses" else f"ring-{layout}"
+def name_of(attention: str, layout: str, share: bool) -> str:
+    name = attention if attention == "ulysses" else f"ring-{layout}"
+    return f"{name}-shared" if share else name
 
 
 def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path: str, out_dir: str) -> None:
@@ -84,7 +93,7 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
     scoring, videos = torch.load(inputs, weights_only=False)
     model = load_model(model_dir).train()
     work = {}
-    for attention, layout in SHARDINGS:
+    for attention, layout, share in SHARDINGS:
         model.zero_grad()
         for video in videos:
             video.grad = None
@@ -92,17 +101,20 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
         shard = SequenceShard(dist.group.WORLD, attention, ring_layout=layout)
         scores_computed[0] = 0
         embeddings = input_embeddings(model, scoring, videos, torch.device("cpu"))
-        logprobs = sequence_parallel_completion_logprobs(model, scoring, embeddings, shard, entropy=entropy)
+        logprobs = sequence_parallel_completion_logprobs(
+            model, scoring, embeddings, shard, entropy=entropy, share_prompts=share
+        )
         loss_of(logprobs).backward()
         sum_gradients_over(list(model.parameters()), shard.group)
         for video in videos:
             dist.all_reduce(video.grad, group=shard.group)
-        work[name_of(attention, layout)] = scores_computed[0]
+        work[name_of(attention, layout, share)] = scores_computed[0]
         if rank == 0:
             gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             gradients.update({f"video{i}": v.grad for i, v in enumerate(videos)})
             torch.save(
-                (logprobs.detach(), entropy, gradients), Path(out_dir) / f"{name_of(attention, layout)}.pt"
+                (logprobs.detach(), entropy, gradients),
+                Path(out_dir) / f"{name_of(attention, layout, share)}.pt",
             )
     torch.save(work, Path(out_dir) / f"work-rank{rank}.pt")
     vision = model.config.vision_config
@@ -167,9 +179,9 @@ def test_sequence_parallel_prefill_matches_one_process(
         nprocs=world_size,
         start_method="spawn",
     )
-    for attention, layout in SHARDINGS:
-        logprobs, entropy, gradients = torch.load(tmp_path / f"{name_of(attention, layout)}.pt")
-        why = f"{world_size} {name_of(attention, layout)} ranks vs one process"
+    for case in SHARDINGS:
+        logprobs, entropy, gradients = torch.load(tmp_path / f"{name_of(*case)}.pt")
+        why = f"{world_size} {name_of(*case)} ranks vs one process"
         assert_float32_close(logprobs, reference["logprobs"], ulps=FORWARD_ULPS, reason=f"log-probs, {why}")
         assert_float32_close(entropy, reference["entropy"], ulps=FORWARD_ULPS, reason=f"entropy, {why}")
         assert gradients.keys() == reference["grads"].keys()
