@@ -1,29 +1,48 @@
-"""MR-SP benchmarks, measured side by side in one run (this machine is noisy: read the ratios).
+"""MR-SP benchmarks, measured side by side in one run (this machine is shared: read the ratios).
 
-Every figure comes from real gloo (CPU) or nccl (GPU) processes running lvrl's own code paths.
+Every figure comes from real gloo processes running lvrl's own code paths. ``--parts`` picks:
 
-1. Prefill memory per rank: one long row (text tokens; a video's tokens cost the same in the
-   language model) scored with :func:`parallel.prefill.sequence_parallel_completion_logprobs`,
-   forward + backward, at sequence-parallel size 1, 2 and 4. Activation memory is the bytes
-   autograd saves for backward (unique storages, parameters excluded; counted with
-   ``torch.autograd.graph.saved_tensors_hooks``, so it is exact and noise-free); the growth of
-   the process's peak RSS is printed beside it. Target: size 4 <= 0.35x size 1.
-2. The longest sequence whose saved activations fit a fixed per-rank budget, at each size
+memory: prefill memory per rank. One long row (text tokens; a video's tokens cost the same in
+   the language model) scored with :func:`parallel.prefill.sequence_parallel_completion_logprobs`,
+   forward + backward, at sequence-parallel sizes ``--sizes``, on the ``--preset`` model.
+   Activation memory is the bytes autograd saves for backward (unique storages, parameters
+   excluded; counted with ``torch.autograd.graph.saved_tensors_hooks``, so it is exact and
+   noise-free); the growth of the process's peak RSS is printed beside it. Target: size 4 <=
+   0.35x size 1. Then the longest sequence whose saved activations fit ``--budget-mib`` per rank
    (doubling, then bisection to 1/16 of the answer).
-3. RL step time at 64/256/1,024 frames with full MR-SP (frames encoded in parallel across the
-   group, the embeddings cached for G rollouts + reference + policy passes) vs no cache and no
-   parallel encoding (every rank encodes the whole video for each of the G rollouts and both
-   passes). Both run the same sequence-parallel reference and policy passes on G completions;
-   token generation itself is left out (it is the same in both).
+step: the RL step at ``--frames`` frames of ``--side`` pixels (224: 32 video tokens a frame), G
+   completions, sequence-parallel sizes ``--step-sizes``, with a real-width vision tower
+   (:mod:`bench.real_width`: Qwen2.5-VL-7B's vision widths, ``--vision-depth`` of its 32
+   blocks, random weights, the ``tiny`` language model). Full MR-SP: the frames encoded in
+   parallel across the group and all-gathered once, the embeddings cached for the rollouts, the
+   reference pass and the policy pass, which forward each prompt once with its G completions
+   packed after it (``share_prompts``). Against re-encoding as a naive trainer does: every rank
+   encodes the whole video for each of the G rows in every pass that reads it (rollout engine,
+   old policy, reference, policy: 4 G passes), nothing shared. Both run the same
+   sequence-parallel reference pass and policy forward + backward; token generation (the same
+   in both) is left out. Measured, per rank: CPU seconds of its share of the encoding, of the
+   all-gather, and of the passes (one thread per rank, so a rank's CPU time is what it would
+   take on a device of its own, whatever else runs on the machine). Counted: one whole-video
+   encoding as the sum of the ranks' measured shares (the tower attends within a temporal
+   patch: the shares are the whole encoding's work, split), and the naive step as 4 G of them
+   plus the rank's measured passes. A step takes as long as its slowest rank. At
+   ``--whole-rows-frames`` the passes are also measured with every row forwarded whole (G
+   copies of the prompt), as a naive trainer forwards them too.
+ring: ring attention in contiguous slices vs the balanced zigzag layout, at ``--ring-sizes``:
+   forward + backward of one ``--ring-tokens``-token text row on the ``--preset`` model. Per rank:
+   CPU seconds (one thread each; the best of ``--ring-repeats`` runs, the layouts taking turns)
+   and the query x key scores its attention computes; the slowest
+   rank sets the step time on real devices. The wall time is printed too: with more processes
+   than cores it follows the total work, not the slowest rank.
 
-Usage: python bench/mr_sp.py [--preset tiny] [--sizes 1 2 4] [--tokens 16384]
-       [--budget-mib 256] [--frames 64 256 1024] [--attention ulysses]
+Usage: python bench/mr_sp.py [--parts memory step ring] [--preset tiny] [--sizes 1 2 4]
+       [--tokens 16384] [--budget-mib 256] [--frames 64 256 1024] [--step-sizes 4]
+       [--attention ulysses] [--ring-sizes 2 4] [--ring-tokens 16384]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import resource
@@ -43,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from bench.real_width import build_real_width_model_dir, describe, tokens_per_frame  # noqa: E402
 from bench.synthetic_video import video_inputs  # noqa: E402
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
@@ -51,7 +71,11 @@ from models.logprobs import input_embeddings  # noqa: E402
 from models.vision import encode_videos  # noqa: E402
 from parallel.encoding import encode_videos_sequence_parallel  # noqa: E402
 from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over  # noqa: E402
-from parallel.shard import SequenceShard  # noqa: E402
+from parallel.ring import ring_schedule  # noqa: E402
+from parallel.shard import LAYOUTS, SequenceShard  # noqa: E402
+
+NAIVE_PASSES = ("rollout engine", "old policy", "reference", "policy")
+"""The passes of a naive trainer that each encode the video once per completion row."""
 
 COMPLETION_TOKENS = 64
 
@@ -66,10 +90,25 @@ def text_row(length: int, vocab: int, group_size: int) -> ScoringBatch:
     )
 
 
-def scored(model: torch.nn.Module, batch: ScoringBatch, videos: list, shard: SequenceShard) -> torch.Tensor:
+def scored(
+    model: torch.nn.Module, batch: ScoringBatch, videos: list, shard: SequenceShard, share: bool = False
+) -> torch.Tensor:
     """Sequence-parallel completion log-probs (the input embeddings built inside the measured pass)."""
     embeddings = input_embeddings(model, batch, videos, next(model.parameters()).device)
-    return sequence_parallel_completion_logprobs(model, batch, embeddings, shard)
+    return sequence_parallel_completion_logprobs(model, batch, embeddings, shard, share_prompts=share)
+
+
+def scoring_passes(
+    model: torch.nn.Module, batch: ScoringBatch, videos: list, shard: SequenceShard, share: bool
+) -> tuple[float, float]:
+    """``(wall, CPU)`` seconds of the reference pass, the policy forward + backward and the gradient sum."""
+    clock = Clock()
+    with torch.no_grad():  # reference pass
+        scored(model, batch, videos, shard, share)
+    scored(model, batch, videos, shard, share).sum().backward()  # policy pass
+    sum_gradients_over(list(model.parameters()), shard.group)
+    model.zero_grad(set_to_none=True)
+    return clock.lap()
 
 
 def saved_bytes_of_backward_pass(model: torch.nn.Module, run: Callable[[], torch.Tensor]) -> tuple[int, int]:
@@ -119,125 +158,255 @@ def longest_within(model: torch.nn.Module, shard: SequenceShard, budget: int, st
     return low
 
 
-def rl_step_seconds(
-    model: torch.nn.Module, processor: Any, shard: SequenceShard, frames: int, generations: int, cached: bool
-) -> float:
-    """Encoding(s) + reference pass + policy forward/backward + gradient sum, one rank's wall time."""
-    _, inputs = video_inputs(processor, frames)
+class Clock:
+    """Wall and CPU seconds (this process, all its threads) since the last lap."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        elapsed = (wall - self.wall, cpu - self.cpu)
+        self.wall, self.cpu = wall, cpu
+        return elapsed
+
+
+def rl_step_figures(
+    model: torch.nn.Module, processor: Any, shard: SequenceShard, frames: int, args: argparse.Namespace
+) -> dict[str, float]:
+    """One rank's CPU and wall seconds of a full MR-SP step: parallel encoding, then the passes."""
+    _, inputs = video_inputs(processor, frames, args.side)
     pixels, grid = inputs["pixel_values_videos"], inputs["video_grid_thw"]
     tokenizer = processor.tokenizer
     video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
     layout = PromptLayout.from_processor_output(inputs, 0, video_token, PositionRule.of(model.config))
     vision = model.config.vision_config
     generator = torch.Generator().manual_seed(0)
-    completions = [torch.randint(20, 500, (48,), generator=generator).tolist() for _ in range(generations)]
-    dist.barrier(group=shard.group)
-    started = time.perf_counter()
-
-    def encode() -> torch.Tensor:
-        with torch.no_grad():
-            if cached:  # MR-SP stage 1: the group shares the frames
-                return encode_videos_sequence_parallel(
-                    functools.partial(encode_videos, model),
-                    pixels,
-                    grid,
-                    shard.group,
-                    spatial_merge_size=int(vision.spatial_merge_size),
-                    hidden_size=int(vision.out_hidden_size),
-                    device=next(model.parameters()).device,
-                )[0]
-            return encode_videos(model, pixels, grid)[0]
-
-    embeds = encode()
-    if not cached:
-        for _ in range(generations):  # each rollout would encode the video again
-            encode()
+    completions = [
+        torch.randint(20, 500, (48,), generator=generator).tolist() for _ in range(args.generations)
+    ]
     batch = ScoringBatch.from_layouts(
         [layout],
         completions,
-        [0] * generations,
+        [0] * args.generations,
         pad_token_id=tokenizer.pad_token_id,
-        length_multiple=shard.size,
+        length_multiple=shard.length_multiple,
     )
-    with torch.no_grad():  # reference pass
-        scored(model, batch, [embeds if cached else encode()], shard)
-    scored(model, batch, [embeds if cached else encode()], shard).sum().backward()
-    sum_gradients_over(list(model.parameters()), shard.group)
-    model.zero_grad(set_to_none=True)
-    elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=shard.group)
-    return elapsed.item()
+    share = {"cpu": 0.0}
+
+    def encode_share(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> list[torch.Tensor]:
+        started = time.process_time()
+        encoded = encode_videos(model, pixel_values, grid_thw)
+        share["cpu"] += time.process_time() - started
+        return encoded
+
+    dist.barrier(group=shard.group)
+    clock = Clock()
+    embeds = encode_videos_sequence_parallel(
+        encode_share,
+        pixels,
+        grid,
+        shard.group,
+        spatial_merge_size=int(vision.spatial_merge_size),
+        hidden_size=int(vision.out_hidden_size),
+        device=next(model.parameters()).device,
+    )[0]
+    encode_wall, encode_cpu = clock.lap()
+    passes_wall, passes_cpu = scoring_passes(model, batch, [embeds], shard, share=True)
+    figures = {
+        "video_tokens": int(embeds.shape[0]),
+        "share": share["cpu"],
+        "gather": encode_cpu - share["cpu"],
+        "passes": passes_cpu,
+        "wall": encode_wall + passes_wall,
+    }
+    if frames in args.whole_rows_frames:
+        figures["passes_whole"] = scoring_passes(model, batch, [embeds], shard, share=False)[1]
+    return figures
 
 
-def worker(rank: int, size: int, model_dir: str, args: argparse.Namespace, store: str, out: str) -> None:
+def ring_figures(model: torch.nn.Module, tokens: int, repeats: int) -> dict[str, dict[str, float]]:
+    """One rank's CPU and wall seconds (the best of ``repeats``, the layouts taking turns) and
+    attention scores of one row, forward + backward, per layout."""
+    figures: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        for layout in LAYOUTS:
+            shard = SequenceShard(dist.group.WORLD, "ring", ring_layout=layout)
+            row = text_row(tokens, int(model.config.text_config.vocab_size), shard.length_multiple)
+            width = row.input_ids.shape[1] // shard.size
+            schedule = ring_schedule(shard.rank, shard.size, width, layout)
+            dist.barrier()
+            clock = Clock()
+            scored(model, row, [None], shard).sum().backward()
+            sum_gradients_over(list(model.parameters()), shard.group)
+            wall, cpu = clock.lap()
+            model.zero_grad(set_to_none=True)
+            best = figures.setdefault(layout, {"cpu": cpu, "wall": wall})
+            best["cpu"], best["wall"] = min(best["cpu"], cpu), min(best["wall"], wall)
+            best["scores"] = sum(block.score_entries for step in schedule for block in step)
+    return figures
+
+
+def worker(
+    rank: int, size: int, dirs: dict[str, str], args: argparse.Namespace, store: str, out: str
+) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, size), rank=rank, world_size=size)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-    model = load_model(model_dir).train()
-    shard = SequenceShard(dist.group.WORLD, args.attention)
     result: dict[str, Any] = {}
-    saved, rss = prefill_activation_bytes(model, shard, args.tokens)
-    result["saved"] = saved
-    result["rss"] = rss
-    result["longest"] = longest_within(model, shard, args.budget_mib * 2**20, start=512)
-    processor = load_processor(model_dir)
-    result["steps"] = {}
-    for frames in args.frames:
-        rl_step_seconds(model, processor, shard, frames, args.generations, cached=True)  # warm-up
-        result["steps"][frames] = {
-            mode: rl_step_seconds(model, processor, shard, frames, args.generations, cached=mode == "mrsp")
-            for mode in ("mrsp", "baseline")
+    if "memory" in args.parts and size in args.sizes:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        model = load_model(dirs["preset"]).train()
+        shard = SequenceShard(dist.group.WORLD, args.attention)
+        result["saved"], result["rss"] = prefill_activation_bytes(model, shard, args.tokens)
+        result["longest"] = longest_within(model, shard, args.budget_mib * 2**20, start=512)
+    # One thread per rank from here: a rank's CPU seconds are then its compute time.
+    torch.set_num_threads(1)
+    if "ring" in args.parts and size in args.ring_sizes:
+        model = load_model(dirs["preset"]).train()
+        ring_figures(model, 1024, repeats=1)  # warm-up
+        result["ring"] = ring_figures(model, args.ring_tokens, args.ring_repeats)
+    if "step" in args.parts and size in args.step_sizes:
+        model = load_model(dirs["real"]).train()
+        processor = load_processor(dirs["real"])
+        shard = SequenceShard(dist.group.WORLD, args.attention)
+        warmup = argparse.Namespace(**{**vars(args), "whole_rows_frames": [8]})
+        rl_step_figures(model, processor, shard, 8, warmup)
+        result["step"] = {
+            frames: rl_step_figures(model, processor, shard, frames, args) for frames in args.frames
         }
+    everyone: list[Any] = [None] * size
+    dist.all_gather_object(everyone, result)
     if rank == 0:
-        Path(out).write_text(json.dumps(result))
+        Path(out).write_text(json.dumps(everyone))
     dist.destroy_process_group()
+
+
+def print_memory(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+    sizes = [s for s in sorted(results) if s in args.sizes]
+    base = results[sizes[0]][0]
+    print(f"\n== memory: {args.preset} model, {args.attention} attention, one row of {args.tokens} tokens")
+    for size in sizes:
+        result = results[size][0]
+        print(
+            f"  size {size}: saved activations {result['saved'] / 2**20:8.1f} MiB per rank "
+            f"(x{result['saved'] / base['saved']:.2f} of size {sizes[0]}), peak RSS growth "
+            f"{result['rss'] / 2**20:7.1f} MiB; "
+            f"longest row within {args.budget_mib} MiB: {result['longest']} tokens"
+        )
+
+
+def print_steps(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+    naive = len(NAIVE_PASSES) * args.generations
+    print(
+        f"\n== RL step, G={args.generations}, {args.attention} attention, frames {args.side}x{args.side} "
+        f"({tokens_per_frame(args.side):g} video tokens a frame); per-rank CPU seconds, one thread a rank"
+    )
+    print(
+        "  measured per rank: its share of the parallel encoding, the all-gather, the reference pass + "
+        "policy forward/backward + gradient sum"
+    )
+    print(
+        f"  counted: a whole-video encoding = the sum of the ranks' shares; re-encoding = {naive} of them "
+        f"({args.generations} each for: {', '.join(NAIVE_PASSES)}) + the rank's passes"
+    )
+    for size in sorted(s for s in results if s in args.step_sizes):
+        for frames in args.frames:
+            ranks = [r["step"][str(frames)] for r in results[size]]
+            whole = sum(r["share"] for r in ranks)
+            passes = max(r["passes"] for r in ranks)
+            mrsp = max(r["share"] + r["gather"] + r["passes"] for r in ranks)
+            baseline = max(naive * whole + r["passes"] for r in ranks)
+            print(
+                f"  size {size}, {frames:5d} frames ({ranks[0]['video_tokens']} video tokens): encode share "
+                f"{min(r['share'] for r in ranks):.1f}-{max(r['share'] for r in ranks):.1f} s + all-gather "
+                f"{max(r['gather'] for r in ranks):.2f} s (whole video {whole:.1f} s), "
+                f"passes (prompt shared) {passes:.2f} s -> MR-SP {mrsp:.1f} s vs re-encoding "
+                f"{baseline:.0f} s: x{baseline / mrsp:.1f} (MR-SP wall {max(r['wall'] for r in ranks):.1f} s)"
+            )
+            if "passes_whole" in ranks[0]:
+                rows_whole = max(r["passes_whole"] for r in ranks)
+                naive_whole = max(naive * whole + r["passes_whole"] for r in ranks)
+                print(
+                    f"      passes with every row whole {rows_whole:.2f} s: x{rows_whole / passes:.1f} "
+                    f"the shared-prompt passes; MR-SP vs re-encoding and rows whole x{naive_whole / mrsp:.1f}"
+                )
+
+
+def print_ring(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+    print(
+        f"\n== ring attention layouts: {args.preset} model, one row of {args.ring_tokens} tokens, "
+        "forward + backward; per-rank CPU seconds, one thread a rank"
+    )
+    for size in sorted(s for s in results if s in args.ring_sizes):
+        ranks = [r["ring"] for r in results[size]]
+        slowest = {}
+        for layout in LAYOUTS:
+            cpu = [r[layout]["cpu"] for r in ranks]
+            scores = [r[layout]["scores"] for r in ranks]
+            slowest[layout] = max(cpu)
+            print(
+                f"  size {size}, {layout:10s}: CPU per rank {' '.join(f'{c:5.2f}' for c in cpu)} s "
+                f"(slowest {max(cpu):.2f} s), attention scores per rank "
+                f"{' '.join(f'{s / scores[0]:.2f}' for s in scores)} x rank 0's, "
+                f"wall {max(r[layout]['wall'] for r in ranks):.2f} s"
+            )
+        print(
+            f"  size {size}: slowest rank, contiguous / zigzag = "
+            f"x{slowest['contiguous'] / slowest['zigzag']:.2f}"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--sizes", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument(
+        "--parts", nargs="+", default=["memory", "step", "ring"], choices=["memory", "step", "ring"]
+    )
+    parser.add_argument("--preset", default="tiny", help="model of the memory and ring parts")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1, 2, 4], help="sizes of the memory part")
     parser.add_argument("--tokens", type=int, default=16384, help="row length for the memory comparison")
     parser.add_argument("--budget-mib", type=int, default=256, help="per-rank saved-activation budget")
     parser.add_argument("--frames", nargs="+", type=int, default=[64, 256, 1024])
+    parser.add_argument("--step-sizes", nargs="+", type=int, default=[4], help="sizes of the RL-step part")
+    parser.add_argument("--whole-rows-frames", nargs="*", type=int, default=[64, 256])
     parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--vision-depth", type=int, default=2, help="vision blocks (7B has 32)")
+    parser.add_argument("--side", type=int, default=224, help="frame side in pixels (a multiple of 28)")
     parser.add_argument("--attention", default="ulysses", choices=["ulysses", "ring"])
+    parser.add_argument("--ring-sizes", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--ring-tokens", type=int, default=16384, help="row length for the ring layouts")
+    parser.add_argument("--ring-repeats", type=int, default=3, help="runs per layout (the best counts)")
     args = parser.parse_args()
-    results = {}
+    started = time.perf_counter()
+    sizes = sorted(
+        set(args.sizes if "memory" in args.parts else [])
+        | set(args.step_sizes if "step" in args.parts else [])
+        | set(args.ring_sizes if "ring" in args.parts else [])
+    )
+    results: dict[int, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = str(build_model_dir(args.preset, Path(tmp) / args.preset))
-        for size in args.sizes:
+        dirs = {"preset": str(build_model_dir(args.preset, Path(tmp) / args.preset))}
+        if "step" in args.parts:
+            dirs["real"] = str(build_real_width_model_dir(Path(tmp) / "real", args.vision_depth))
+            print(describe(load_model(dirs["real"])), flush=True)
+        for size in sizes:
             out = Path(tmp) / f"size{size}.json"
-            started = time.perf_counter()
+            begun = time.perf_counter()
             mp.start_processes(
                 worker,
-                args=(size, model_dir, args, str(Path(tmp) / f"store{size}"), str(out)),
+                args=(size, dirs, args, str(Path(tmp) / f"store{size}"), str(out)),
                 nprocs=size,
                 start_method="spawn",
             )
             results[size] = json.loads(out.read_text())
-            print(f"size {size}: measured in {time.perf_counter() - started:.0f} s", flush=True)
-    base = results[args.sizes[0]]
-    print(
-        f"\n{args.preset} model, {args.attention} attention, "
-        f"one row of {args.tokens} tokens, forward + backward:"
-    )
-    for size, result in results.items():
-        print(
-            f"  size {size}: saved activations {result['saved'] / 2**20:8.1f} MiB per rank "
-            f"(x{result['saved'] / base['saved']:.2f} of size {args.sizes[0]}), peak RSS growth "
-            f"{result['rss'] / 2**20:7.1f} MiB; "
-            f"longest row within {args.budget_mib} MiB: {result['longest']} tokens"
-        )
-    print(f"\nRL step (encode + reference + policy fwd/bwd, G={args.generations}), slowest rank:")
-    for size, result in results.items():
-        for frames, step in result["steps"].items():
-            print(
-                f"  size {size}, {int(frames):5d} frames: MR-SP {step['mrsp']:6.2f} s vs "
-                f"no cache / no parallel encoding {step['baseline']:6.2f} s "
-                f"-> x{step['baseline'] / step['mrsp']:.2f}"
-            )
+            print(f"size {size}: measured in {time.perf_counter() - begun:.0f} s", flush=True)
+    if "memory" in args.parts:
+        print_memory(results, args)
+    if "step" in args.parts:
+        print_steps(results, args)
+    if "ring" in args.parts:
+        print_ring(results, args)
+    print(f"\nwhole run {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ from datamodules.prompts import chat_messages
 from datatools.synthetic import SynthConfig, make_sample
 
 
-def video_inputs(processor: Any, frames: int) -> tuple[str, Any]:
-    """``(chat prompt, processor output)`` for a 56x56, 2 fps synthetic video of ``frames`` frames."""
-    row, pixels = make_sample(SynthConfig(num_frames=frames, fps=2.0, size=56), "test", 0)
+def video_inputs(processor: Any, frames: int, side: int = 56) -> tuple[str, Any]:
+    """``(chat prompt, processor output)``: a synthetic video, ``frames`` frames of ``side`` pixels, 2 fps."""
+    row, pixels = make_sample(SynthConfig(num_frames=frames, fps=2.0, size=side), "test", 0)
     prompt = processor.apply_chat_template(chat_messages(row), tokenize=False, add_generation_prompt=True)
     metadata = {
         "fps": 2.0,
