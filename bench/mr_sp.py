@@ -37,7 +37,7 @@ ring: ring attention in contiguous slices vs the balanced zigzag layout, at ``--
 
 Usage: python bench/mr_sp.py [--parts memory step ring] [--preset tiny] [--sizes 1 2 4]
        [--tokens 16384] [--budget-mib 256] [--frames 64 256 1024] [--step-sizes 4]
-       [--attention ulysses] [--ring-sizes 2 4] [--ring-tokens 16384]
+       [--attention ulysses] [--ring-sizes 2 4] [--ring-tokens 8192]
 """
 
 from __future__ import annotations
@@ -374,8 +374,8 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=224, help="frame side in pixels (a multiple of 28)")
     parser.add_argument("--attention", default="ulysses", choices=["ulysses", "ring"])
     parser.add_argument("--ring-sizes", nargs="+", type=int, default=[2, 4])
-    parser.add_argument("--ring-tokens", type=int, default=16384, help="row length for the ring layouts")
-    parser.add_argument("--ring-repeats", type=int, default=3, help="runs per layout (the best counts)")
+    parser.add_argument("--ring-tokens", type=int, default=8192, help="row length for the ring layouts")
+    parser.add_argument("--ring-repeats", type=int, default=2, help="runs per layout (the best counts)")
     args = parser.parse_args()
     started = time.perf_counter()
     sizes = sorted(
