@@ -12,12 +12,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
+from torch.distributed.device_mesh import DeviceMesh
 
 from core.failures import NonFiniteUpdates
 from core.layout import PositionRule
@@ -32,15 +36,18 @@ from evaluation.evaluator import (
     write_predictions,
 )
 from models.loading import load_model, load_processor
-from models.vision import encode_videos, vision_tower
-from parallel.contract import AttentionHeads
+from models.vision import decoder_blocks, encode_videos, vision_tower
+from parallel.contract import AttentionHeads, ShardingStrategy
 from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
+from parallel.sharding import ShardedScope, ShardingLayout, ShardingSettings, gathered, shard_model
 from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> list[RolloutRequest]:
@@ -131,6 +138,13 @@ class VLMModule(L.LightningModule):
         self.nonfinite_skipped = 0
         """Updates skipped so far for a non-finite loss or gradient norm."""
         self._consecutive_nonfinite = 0
+        self.data_parallel_group: dist.ProcessGroup | None = None
+        """Set when the strategy shards the model: the ranks whose losses add up to the batch's."""
+        # The FSDP root the model's work runs in (None: not sharded); kept out of the module tree
+        # (it holds the model, whose parameters are already the module's).
+        object.__setattr__(self, "_scope", None)
+        self._gathered_depth = 0
+        self._validation_gathering = ExitStack()
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -148,6 +162,65 @@ class VLMModule(L.LightningModule):
             vision_tower(self.model).requires_grad_(False)
         if self.hparams.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    # -- sharding (parallel.contract.ShardableModule) -----------------------------------------
+    def sharding_layout(self, model: torch.nn.Module) -> ShardingLayout:
+        """One FSDP unit per decoder block; the vision tower whole on every rank (frozen)."""
+        return ShardingLayout(model, decoder_blocks(model), kept_whole=(vision_tower(model),))
+
+    def shard(
+        self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
+    ) -> None:
+        assert self.model is not None
+        tower = vision_tower(self.model)
+        if not any(p.requires_grad for p in tower.parameters()):
+            # Frozen and whole on every rank: it needs no master copy, so it is kept in the
+            # dtype the blocks compute in.
+            tower.to(getattr(torch, settings.param_dtype))
+        object.__setattr__(self, "_scope", shard_model(self.sharding_layout(self.model), mesh, settings))
+        self.data_parallel_group = data_parallel_group
+
+    @property
+    def sharded(self) -> bool:
+        return self._scope is not None
+
+    def run_model(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (which calls ``self.model``) inside the sharded model's root unit, if sharded.
+
+        Every forward of the policy goes through here, on every rank the same number of times."""
+        scope: ShardedScope | None = self._scope
+        return scope(work) if scope is not None else work()
+
+    @contextmanager
+    def gathered_model(self) -> Iterator[torch.nn.Module]:
+        """The whole model for work whose amount differs across ranks (generation); see
+        :func:`parallel.sharding.gathered`."""
+        assert self.model is not None
+        if self._scope is None or self._gathered_depth:
+            yield self.model
+            return
+        self._gathered_depth += 1
+        try:
+            with gathered(self._scope) as model:
+                yield model
+        finally:
+            self._gathered_depth -= 1
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the policy scores in: the model's, or the sharded blocks' compute dtype."""
+        trainer = self._trainer
+        if trainer is not None and isinstance(trainer.strategy, ShardingStrategy):
+            return trainer.strategy.sharding_settings.param_dtype
+        return str(self.hparams.dtype)
+
+    def sum_over_data(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the data-parallel ranks (itself when the model is not sharded)."""
+        if self.data_parallel_group is None or dist.get_world_size(self.data_parallel_group) == 1:
+            return value
+        total = value.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.data_parallel_group)
+        return total
 
     @property
     def processor(self) -> Any:
@@ -194,13 +267,17 @@ class VLMModule(L.LightningModule):
     def forward_logits(self, batch: dict[str, Any]) -> torch.Tensor:
         """Logits of the teacher-forcing layout (prompt + target)."""
         assert self.model is not None
-        out = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=self.position_ids(batch),
-            pixel_values_videos=batch["pixel_values_videos"],
-            video_grid_thw=batch["video_grid_thw"],
-            use_cache=False,
+        model = self.model
+        positions = self.position_ids(batch)
+        out = self.run_model(
+            lambda: model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=positions,
+                pixel_values_videos=batch["pixel_values_videos"],
+                video_grid_thw=batch["video_grid_thw"],
+                use_cache=False,
+            )
         )
         return out.logits
 
@@ -275,14 +352,15 @@ class VLMModule(L.LightningModule):
         the RL stage will (HF ``generate`` would use transformers' own, different rule).
         """
         assert self.model is not None
-        engine = TransformersEngine.for_model(self.model, self.processor.tokenizer)
-        videos = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
-        requests = validation_requests(batch, videos)
         if sampling is None:
             sampling = SamplingConfig(
                 n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
             )
-        return [[c.text for c in result.completions] for result in engine.generate(requests, sampling)]
+        with self.gathered_model() as model:  # ranks decode different numbers of tokens
+            engine = TransformersEngine.for_model(model, self.processor.tokenizer)
+            videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
+            results = engine.generate(validation_requests(batch, videos), sampling)
+        return [[c.text for c in result.completions] for result in results]
 
     @property
     def val_results(self) -> list[ValidationResult]:
@@ -295,6 +373,9 @@ class VLMModule(L.LightningModule):
         return self.evaluator.last_scores
 
     def on_validation_epoch_start(self) -> None:
+        # Ranks may hold different numbers of validation batches and decode different lengths:
+        # a sharded model is gathered once for the whole validation (no collective inside).
+        self._validation_gathering.enter_context(self.gathered_model())
         self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -304,11 +385,22 @@ class VLMModule(L.LightningModule):
             size = len(batch["meta"])
             self.log("val/loss", loss, batch_size=size, sync_dist=True, add_dataloader_idx=False)
 
-    def token_mean_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens."""
+    def token_mean_loss(self, batch: dict[str, Any], reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens (or summed)."""
         logits = self.forward_logits(batch)[:, :-1].float()
         labels = batch["labels"][:, 1:]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction=reduction
+        )
+
+    def token_loss_share(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The training loss: :meth:`token_mean_loss`, or with a sharded model this rank's share of
+        the mean over the labelled tokens of every data-parallel rank (gradients are summed over
+        the ranks, so they are the whole batch's mean's)."""
+        if self.data_parallel_group is None:
+            return self.token_mean_loss(batch)
+        tokens = self.sum_over_data((batch["labels"][:, 1:] != -100).sum().float())
+        return self.token_mean_loss(batch, reduction="sum") / tokens.clamp(min=1)
 
     def on_validation_epoch_end(self) -> None:
         datamodule = self.trainer.datamodule
@@ -327,6 +419,7 @@ class VLMModule(L.LightningModule):
         if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
             for block in validation_printout(results, str(self.hparams.model_path)):
                 rank_zero_info(block)
+        self._validation_gathering.close()
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:
