@@ -9,7 +9,8 @@ model directory and an export that wrote the source weights would fail. Then eac
   bfloat16 engine): every rank must receive exactly the one-process tensors (cast), each once,
   trainable ones only, within the memory bound;
 - joins the HF export, which rank 0 writes: transformers loads it with weights equal to the
-  one-process model's, and vLLM loads it and decodes greedily like the one-process export.
+  one-process model's, and vLLM loads it and decodes greedily like the one-process export;
+- gathers a parameter whose rows the ranks do not divide (FSDP2 pads the smaller shard).
 
 Equality is exact throughout: gathering shards and casting move values, they compute nothing.
 """
@@ -28,7 +29,7 @@ from helpers.tolerances import assert_identical
 
 from models.export import save_hf_model
 from models.loading import load_model, load_processor
-from rollout.weight_sync import sync_weights, trainable_parameters
+from rollout.weight_sync import full_tensor, sync_weights, trainable_parameters
 
 WORLD_SIZE = 2
 KIB = 2**10
@@ -45,6 +46,11 @@ def perturbed_policy(model_dir: str) -> torch.nn.Module:
             parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
             parameter.requires_grad_("visual" not in name)
     return model
+
+
+def uneven_layer() -> torch.nn.Linear:
+    torch.manual_seed(5)
+    return torch.nn.Linear(3, 5)
 
 
 def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
@@ -70,6 +76,11 @@ def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
         record = {"calls": engine.calls, "call_bytes": engine.call_bytes, "finished": engine.finished}
         torch.save({**record, "report": report}, out / f"sync-{dtype}-rank{rank}.pt")
     save_hf_model(model, load_processor(model_dir), out / "hf")
+    # FSDP2 pads a dimension the ranks do not divide: 5 rows are 3 + 2 here.
+    odd = uneven_layer()
+    fully_shard(odd, mesh=mesh)
+    gathered = [full_tensor(odd.weight, dtype) for dtype in (None, torch.bfloat16)]
+    torch.save(gathered, out / f"uneven-rank{rank}.pt")
     dist.barrier()  # rank 0 has written before the test reads
     dist.destroy_process_group()
 
@@ -116,6 +127,14 @@ def test_every_rank_receives_the_one_process_tensors_within_the_bound(
             assert size <= bucket_bytes or len({grouping.weight_group(n) for n, _ in call}) == 1
         assert report.peak_bytes == max(record["call_bytes"]) <= bound
         assert report.buckets == len(record["calls"]) > 1
+
+
+def test_a_parameter_the_ranks_do_not_divide_is_gathered_whole(sharded_run: Path) -> None:
+    weight = uneven_layer().weight.detach()
+    for rank in range(WORLD_SIZE):
+        as_is, as_bf16 = torch.load(sharded_run / f"uneven-rank{rank}.pt")
+        assert_identical(as_is, weight, reason=f"rank {rank}: 3 + 2 rows gathered")
+        assert_identical(as_bf16, weight.to(torch.bfloat16), reason=f"rank {rank}: cast shards gathered")
 
 
 def test_export_of_the_sharded_model_loads_in_transformers(
