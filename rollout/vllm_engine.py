@@ -13,9 +13,11 @@ Facts this relies on (vLLM 0.32, measured; see ../shared/ENVIRONMENT.md):
   per call, provided each fused layer (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``:
   the model's ``packed_modules_mapping``) arrives whole in one call: a layer split across calls
   is rebuilt from uninitialised memory (its log-probs became NaN).
-- Sleep mode (level 1: weights offloaded to CPU memory, KV cache dropped) is GPU-only; on CPU
-  :meth:`VLLMEngine.sleep` and :meth:`VLLMEngine.wake` do nothing. Level 2 (weights dropped)
-  would not do: only the trainable weights are pushed back, the frozen vision tower is not.
+- Sleep mode is GPU-only, so on CPU :meth:`VLLMEngine.sleep` and :meth:`VLLMEngine.wake` do
+  nothing (not measured on a GPU yet; from vLLM's documentation): level 1 offloads the weights
+  to CPU memory and drops the KV cache, and ``wake_up(tags)`` brings back "weights" and
+  "kv_cache" separately. Level 2 (weights dropped) would not do: only the trainable weights
+  are pushed back, the frozen vision tower is not.
 """
 
 from __future__ import annotations
