@@ -3,9 +3,21 @@
 Before each training step it turns the batch's prompts into scored rollouts with
 :func:`rollout.experience.collect_rollouts` (videos encoded once, G completions per prompt from
 the engine, rewards, advantages) and hands them to the module (a
-:class:`~rollout.experience.RolloutConsumer`); after the optimizer step it pushes the trainable
-weights to the engine. The engine is kept answering by :class:`~rollout.supervision.EngineSupervisor`.
-Everything else is plain functions in :mod:`rollout`, which tests call without a Trainer.
+:class:`~rollout.experience.RolloutConsumer`); after the optimizer step it streams the trainable
+weights into the engine in bounded buckets (:mod:`rollout.weight_sync`). The engine is kept
+answering by :class:`~rollout.supervision.EngineSupervisor`. Everything else is plain functions
+in :mod:`rollout`, which tests call without a Trainer.
+
+A colocated engine shares the device with training, so it sleeps while the trainer trains.
+The engine calls of one training step, in order::
+
+    on_train_batch_start: generate (the engine is awake), sleep
+    [forward, backward, optimizer step]
+    on_train_batch_end:   wake, update_weights x buckets, finish_weight_update
+
+Weights are loaded into an awake engine (vLLM's sleep level 1 has moved them to CPU memory and
+dropped the KV cache); the engine stays awake into the next step's rollout, so each step wakes
+and sleeps it once. ``start`` (and a restart) leaves it awake.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ from rollout.experience import (
     sample_records,
 )
 from rollout.supervision import EngineSupervisor
+from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +73,11 @@ class RolloutCallback(Callback):
         seed: base sampling seed (step-dependent), None for nondeterministic sampling.
         rollout_timeout_s: a rollout that takes longer stops the run with a checkpoint (an
             in-process engine that hangs cannot be recovered in place); None: no limit.
+        weight_sync_bucket_mb: after each update the trainable weights are gathered (from the
+            FSDP2 shards) and handed to the engine in buckets of at most this many MiB, each
+            dropped before the next is gathered: the sync's extra memory per device is the
+            bucket, or one engine layer when a layer alone is larger (an embedding matrix).
+            Logged as ``memory/weight_sync_peak_mb``.
 
     An engine that fails during a rollout (an exception: a crashed worker, a lost device) is
     shut down, started again with the current weights, and the step's rollout retried once; a
@@ -79,6 +97,7 @@ class RolloutCallback(Callback):
         log_samples_every_n_steps: int = 10,
         seed: int | None = 0,
         rollout_timeout_s: float | None = None,
+        weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
     ) -> None:
         if engine is None:
             from rollout.vllm_engine import VLLMEngine
@@ -95,6 +114,9 @@ class RolloutCallback(Callback):
         self.engine = engine
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.rollout_timeout_s = rollout_timeout_s
+        if weight_sync_bucket_mb <= 0:
+            raise ValueError(f"weight_sync_bucket_mb={weight_sync_bucket_mb} must be positive")
+        self.weight_sync_bucket_bytes = int(weight_sync_bucket_mb * MIB)
         self.supervisor: EngineSupervisor | None = None
         self._train_started = time.perf_counter()
         self.vision_calls = 0
@@ -119,6 +141,7 @@ class RolloutCallback(Callback):
             policy=pl_module.policy,
             weights=lambda: trainable_parameters(pl_module.policy().model),
             timeout_s=self.rollout_timeout_s,
+            bucket_bytes=self.weight_sync_bucket_bytes,
         )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -152,7 +175,7 @@ class RolloutCallback(Callback):
             return supervisor.run(on, step)
 
         started = time.perf_counter()
-        self.engine.wake()
+        # Awake: started so, or woken for the last weight sync.
         rollouts = collect_rollouts(
             PromptBatch.of(batch),
             encode,
@@ -162,7 +185,7 @@ class RolloutCallback(Callback):
             pad_token_id=pl_module.policy().tokenizer.pad_token_id,
             length_multiple=shard.size if shard is not None else 1,
         )
-        self.engine.sleep()
+        self.engine.sleep()  # the trainer gets the device until the weight sync
         pl_module.receive_rollouts(rollouts)
         self._log(pl_module, rollouts, time.perf_counter() - started)
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
@@ -202,10 +225,7 @@ class RolloutCallback(Callback):
         started = time.perf_counter()
         pl_module.log("time/train_s", started - self._train_started, batch_size=1)
         assert self.supervisor is not None
-        self.supervisor.sync_weights()
+        self.engine.wake()  # weights are loaded into an awake engine
+        report = self.supervisor.sync_weights()
         pl_module.log("time/weight_sync_s", time.perf_counter() - started, batch_size=1)
-
-
-def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The parameters an update can change (HF names): all an engine needs after it loaded the rest."""
-    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        pl_module.log("memory/weight_sync_peak_mb", report.peak_bytes / MIB, batch_size=1)

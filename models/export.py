@@ -1,4 +1,5 @@
-"""Turn a Lightning checkpoint of an lvrl module back into a Hugging Face model directory."""
+"""Hugging Face model directories out of a trained policy: live (sharded or not), or from a
+Lightning checkpoint."""
 
 from __future__ import annotations
 
@@ -6,8 +7,40 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from models.loading import load_model, load_processor
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter is a DTensor shard (FSDP2): then only all ranks together hold it."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _writes_here() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_hf_model(model: Any, processor: Any, out_dir: str | Path) -> Path:
+    """``save_pretrained`` of ``model`` (a live HF model) and ``processor`` into ``out_dir``.
+
+    Call it on every rank: a sharded model (DTensor parameters) is gathered into a full state
+    dict first, a collective all ranks join, parameter by parameter (each rank holds one full
+    parameter at a time on its device; rank 0 collects the CPU copies it writes). Rank 0 alone
+    writes, in either case. Returns ``out_dir``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    out = Path(out_dir)
+    state = None
+    if is_sharded(model):
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _writes_here():
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, state_dict=state)
+        processor.save_pretrained(out)
+    return out
 
 
 def checkpoint_model_path(checkpoint: dict[str, Any]) -> str:
