@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -167,10 +168,14 @@ class RolloutCallback(Callback):
 
         def generate(requests: list[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
             def on(engine: RolloutEngine) -> list[RolloutResult]:
-                if shard is None:
-                    return engine.generate(requests, sampling)
-                # Sequence-parallel peers hold the same prompts: each samples a share.
-                return share_out(requests, lambda mine: engine.generate(mine, sampling), shard.group)
+                # An engine sampling with the live policy decodes different lengths on each rank:
+                # a sharded policy is gathered whole for it (no collective inside).
+                live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
+                with live:
+                    if shard is None:
+                        return engine.generate(requests, sampling)
+                    # Sequence-parallel peers hold the same prompts: each samples a share.
+                    return share_out(requests, lambda mine: engine.generate(mine, sampling), shard.group)
 
             return supervisor.run(on, step)
 

@@ -43,7 +43,7 @@ from models.rl.losses import policy_loss
 from models.vision import encode_videos
 from models.vlm_module import VLMModule
 from parallel.prefill import sequence_parallel_completion_logprobs
-from parallel.sharding import ShardedScope, ShardingSettings, full_tensor, shard_model
+from parallel.sharding import ShardedScope, ShardingSettings, full_tensor, run_sharded, shard_model
 from rollout.base import RolloutEngine
 from rollout.experience import ExperienceSettings, RolloutBatch
 
@@ -247,7 +247,7 @@ class GRPOModule(VLMModule):
             return self._logprobs(reference, rollout.scoring.select(rows), videos)
 
         with torch.no_grad():
-            return [run_in(scope, lambda rows=rows: score(rows)) for rows in chunks]
+            return [run_sharded(scope, lambda rows=rows: score(rows)) for rows in chunks]
 
     def _logprobs(
         self,
@@ -446,11 +446,6 @@ def loss_normalizers(
     if aggregation == "token_mean":
         return {"token_count_normalizer": float(total(mask.bool().sum().float()))}
     return {"seq_count_normalizer": float(total((mask.bool().sum(dim=-1) > 0).sum().float()))}
-
-
-def run_in(scope: ShardedScope | None, work: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``work()`` inside a sharded model's root unit, or as it is."""
-    return scope(work) if scope is not None else work()
 
 
 def gap_statistics(

@@ -35,12 +35,13 @@ from evaluation.evaluator import (
     validation_printout,
     write_predictions,
 )
+from models.export import save_hf_model
 from models.loading import load_model, load_processor
 from models.vision import decoder_blocks, encode_videos, vision_tower
 from parallel.contract import AttentionHeads, ShardingStrategy
 from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
-from parallel.sharding import ShardedScope, ShardingLayout, ShardingSettings, gathered, shard_model
+from parallel.sharding import ShardingLayout, ShardingSettings, gathered, run_sharded, shard_model
 from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.hf_engine import TransformersEngine
@@ -188,8 +189,7 @@ class VLMModule(L.LightningModule):
         """Run ``work`` (which calls ``self.model``) inside the sharded model's root unit, if sharded.
 
         Every forward of the policy goes through here, on every rank the same number of times."""
-        scope: ShardedScope | None = self._scope
-        return scope(work) if scope is not None else work()
+        return run_sharded(self._scope, work)
 
     @contextmanager
     def gathered_model(self) -> Iterator[torch.nn.Module]:
@@ -425,11 +425,7 @@ class VLMModule(L.LightningModule):
     def export_hf(self, out_dir: str | Path) -> Path:
         """Write the current weights as a ``save_pretrained`` directory with the processor files."""
         assert self.model is not None
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.processor.save_pretrained(out)
-        return out
+        return save_hf_model(self.model, self.processor, out_dir)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Enough to rebuild the HF model from a checkpoint alone (see `lvrl model export`).

@@ -87,9 +87,26 @@ class ShardedScope(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.held_gathered = False
+        """Inside :func:`gathered`: every unit stays unsharded until it ends."""
 
     def forward(self, work: Callable[[], T]) -> T:  # type: ignore[override]
         return work()
+
+
+def run_sharded(scope: ShardedScope | None, work: Callable[[], T]) -> T:
+    """``work()`` inside ``scope`` (as it is when the model is not sharded).
+
+    FSDP keeps the root's parameters gathered after its forward, for the backward that follows;
+    a forward without gradient (a reference pass, a diagnostic) has no backward to shard them
+    again, so they are sharded here (else a checkpoint would find whole tensors in the module).
+    """
+    if scope is None:
+        return work()
+    out = scope(work)
+    if not torch.is_grad_enabled() and not scope.held_gathered:
+        scope.reshard()
+    return out
 
 
 def shard_model(
@@ -141,9 +158,11 @@ def gathered(scope: ShardedScope) -> Iterator[torch.nn.Module]:
         unit.unshard()
     for unit in blocks:  # (the root is never resharded after its forward anyway)
         unit.set_reshard_after_forward(False, recurse=False)
+    scope.held_gathered = True
     try:
         yield scope.model
     finally:
+        scope.held_gathered = False
         for unit in blocks:
             unit.set_reshard_after_forward(True, recurse=False)
         for unit in [scope, *blocks]:
