@@ -177,6 +177,12 @@ class GRPOModule(VLMModule):
     def shard(
         self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
     ) -> None:
+        if not self.hparams.freeze_vision and self.trainer.state.fn == "fit":
+            # The policy pass re-encodes videos outside the model's forward, in amounts that
+            # differ across ranks; a trainable tower would have to be gathered in lockstep.
+            raise ValueError(
+                "GRPO with a sharded model keeps the vision tower frozen: set model.init_args.freeze_vision: true"
+            )
         super().shard(mesh, settings, data_parallel_group)
         if self.reference is not None:
             offload = settings.cpu_offload or self.hparams.reference_placement == "cpu"

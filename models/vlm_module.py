@@ -166,8 +166,11 @@ class VLMModule(L.LightningModule):
 
     # -- sharding (parallel.contract.ShardableModule) -----------------------------------------
     def sharding_layout(self, model: torch.nn.Module) -> ShardingLayout:
-        """One FSDP unit per decoder block; the vision tower whole on every rank (frozen)."""
-        return ShardingLayout(model, decoder_blocks(model), kept_whole=(vision_tower(model),))
+        """One FSDP unit per decoder block; a frozen vision tower whole on every rank (a trainable
+        one is sharded with the root: gathered for each forward of the whole model)."""
+        tower = vision_tower(model)
+        frozen = not any(p.requires_grad for p in tower.parameters())
+        return ShardingLayout(model, decoder_blocks(model), kept_whole=(tower,) if frozen else ())
 
     def shard(
         self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
