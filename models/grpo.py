@@ -181,7 +181,8 @@ class GRPOModule(VLMModule):
             # The policy pass re-encodes videos outside the model's forward, in amounts that
             # differ across ranks; a trainable tower would have to be gathered in lockstep.
             raise ValueError(
-                "GRPO with a sharded model keeps the vision tower frozen: set model.init_args.freeze_vision: true"
+                "GRPO with a sharded model keeps the vision tower frozen: "
+                "set model.init_args.freeze_vision: true"
             )
         super().shard(mesh, settings, data_parallel_group)
         if self.reference is not None:
