@@ -193,11 +193,15 @@ def fit_on_rollouts(
     strategy: Any = "auto",
     devices: int = 1,
     sequence_parallel_size: int = 1,
+    max_steps: int | None = None,
+    save_to: Path | None = None,
+    resume_from: Path | None = None,
 ) -> None:
-    """``len(parts)`` GRPO updates on the fixed rollouts (no engine, no data: the batches are
-    placeholders), recording into ``out``."""
+    """GRPO updates on the fixed rollouts (no engine, no data: the batches are placeholders),
+    one per part (or up to ``max_steps``), recording into ``out``; the run's checkpoint is
+    written to ``save_to`` at the end, and a run resumes from ``resume_from``."""
     trainer = L.Trainer(
-        max_steps=len(parts),
+        max_steps=max_steps or len(parts),
         accelerator="cpu",
         devices=devices,
         strategy=strategy,
@@ -211,7 +215,9 @@ def fit_on_rollouts(
         callbacks=[HandOverAndRecord(parts, prompts, out, sequence_parallel_size)],
     )
     placeholders = torch.utils.data.DataLoader(list(range(len(parts))), batch_size=1)
-    trainer.fit(module, train_dataloaders=placeholders)
+    trainer.fit(module, train_dataloaders=placeholders, ckpt_path=resume_from)
+    if save_to is not None:
+        trainer.save_checkpoint(save_to)
 
 
 def launched_externally(rank: int, world_size: int, port: int) -> None:
