@@ -40,10 +40,17 @@ from core.layout import ScoringBatch
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.rl.losses import policy_loss
-from models.vision import encode_videos
+from models.vision import decoder_blocks, drop_vision_tower, encode_videos
 from models.vlm_module import VLMModule
 from parallel.prefill import sequence_parallel_completion_logprobs
-from parallel.sharding import ShardedScope, ShardingSettings, full_tensor, run_sharded, shard_model
+from parallel.sharding import (
+    ShardedScope,
+    ShardingLayout,
+    ShardingSettings,
+    full_tensor,
+    run_sharded,
+    shard_model,
+)
 from rollout.base import RolloutEngine
 from rollout.experience import ExperienceSettings, RolloutBatch
 
@@ -171,6 +178,9 @@ class GRPOModule(VLMModule):
         if self.hparams.kl_coef > 0 and self.reference is None:
             reference = load_model(self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype)).eval()
             reference.requires_grad_(False)
+            # It scores rows whose video slots hold the policy's cached encoding: its own vision
+            # tower would never run.
+            drop_vision_tower(reference)
             # Kept out of the module tree: not trained, not checkpointed, not moved by optimizers.
             object.__setattr__(self, "reference", reference)
 
@@ -189,7 +199,8 @@ class GRPOModule(VLMModule):
             offload = settings.cpu_offload or self.hparams.reference_placement == "cpu"
             reference_settings = dataclasses.replace(settings, cpu_offload=offload)
             self.reference.to(getattr(torch, settings.param_dtype))  # frozen: no master copy needed
-            scope = shard_model(self.sharding_layout(self.reference), mesh, reference_settings, trains=False)
+            layout = ShardingLayout(self.reference, decoder_blocks(self.reference))
+            scope = shard_model(layout, mesh, reference_settings, trains=False)
             object.__setattr__(self, "_reference_scope", scope)
 
     def _passes(self, count: int) -> int:

@@ -35,3 +35,11 @@ def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     if layers is None:
         raise AttributeError(f"cannot find the decoder layers of {type(model).__name__}")
     return list(layers)
+
+
+def drop_vision_tower(model: torch.nn.Module) -> None:
+    """Remove the vision tower of a model that only ever sees cached video embeddings (the
+    frozen reference): its weights would take memory for nothing."""
+    inner = getattr(model, "model", model)
+    vision_tower(model)  # raises if there is none
+    inner.visual = None

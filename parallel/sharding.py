@@ -66,8 +66,10 @@ class ShardingSettings:
             param_dtype=DTYPES[self.param_dtype], reduce_dtype=DTYPES[self.reduce_dtype]
         )
 
-    def offload(self) -> OffloadPolicy:
-        return CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
+    def offload(self, device_type: str) -> OffloadPolicy:
+        # On a CPU device everything already lives in host memory (and FSDP's offload policy
+        # needs an accelerator to copy to).
+        return CPUOffloadPolicy() if self.cpu_offload and device_type != "cpu" else OffloadPolicy()
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,11 @@ def shard_model(
             f"{len(trainable_whole)} parameters kept whole on every rank require grad: nothing would "
             "reduce their gradients across ranks (freeze them, e.g. model.init_args.freeze_vision: true)"
         )
-    kwargs = {"mesh": mesh, "mp_policy": settings.mixed_precision(), "offload_policy": settings.offload()}
+    kwargs = {
+        "mesh": mesh,
+        "mp_policy": settings.mixed_precision(),
+        "offload_policy": settings.offload(mesh.device_type),
+    }
     for block in layout.blocks:
         fully_shard(block, **kwargs)
     scope = ShardedScope(layout.model)

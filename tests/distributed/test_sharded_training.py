@@ -35,7 +35,13 @@ def free_port() -> int:
 
 
 def _worker(
-    rank: int, world_size: int, sequence_parallel_size: int, port: int, model_dir: str, tmp: str
+    rank: int,
+    world_size: int,
+    sequence_parallel_size: int,
+    checkpointing: bool,
+    port: int,
+    model_dir: str,
+    tmp: str,
 ) -> None:
     torch.set_num_threads(1)
     launched_externally(rank, world_size, port)
@@ -49,7 +55,7 @@ def _worker(
         sequence_parallel_size=sequence_parallel_size, param_dtype="float32", process_group_backend="gloo"
     )
     fit_on_rollouts(
-        grpo_module(Path(model_dir)),
+        grpo_module(Path(model_dir), gradient_checkpointing=checkpointing),
         parts,
         list(range(data_rank * per_rank, (data_rank + 1) * per_rank)),
         Path(tmp) / "sharded.pt",
@@ -70,17 +76,30 @@ def one_process(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.
 
 
 @pytest.mark.parametrize(
-    ("world_size", "sequence_parallel_size"),
-    [(2, 1), (2, 2), (4, 1), (4, 2)],
-    ids=["data2", "sequence2", "data4", "data2xsequence2"],
+    ("world_size", "sequence_parallel_size", "checkpointing"),
+    [(2, 1, True), (2, 2, False), (4, 1, False), (4, 2, False)],
+    ids=["data2-checkpointed", "sequence2", "data4", "data2xsequence2"],
 )
 def test_sharded_updates_equal_one_process(
-    one_process: Path, tiny_model_dir: Path, tmp_path: Path, world_size: int, sequence_parallel_size: int
+    one_process: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    world_size: int,
+    sequence_parallel_size: int,
+    checkpointing: bool,
 ) -> None:
+    """(One case recomputes each block's activations in backward: same arithmetic, same bar.)"""
     (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
     mp.spawn(
         _worker,
-        args=(world_size, sequence_parallel_size, free_port(), str(tiny_model_dir), str(tmp_path)),
+        args=(
+            world_size,
+            sequence_parallel_size,
+            checkpointing,
+            free_port(),
+            str(tiny_model_dir),
+            str(tmp_path),
+        ),
         nprocs=world_size,
         start_method="spawn",
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli
+from helpers.cli import PROBES_ENV, REPO_ROOT, lvrl, run_cli
 from helpers.probed_runs import grpo_config
 from helpers.runs import steps_of
 from helpers.tolerances import assert_identical
@@ -137,3 +137,20 @@ def test_the_export_of_a_sharded_run_loads_with_its_weights(uninterrupted: Path,
     assert {prefix + name for name in exported} <= trained.keys()
     for name, weight in exported.items():
         assert_identical(weight, trained[prefix + name], reason=f"exported {name}")
+
+
+def test_lvrl_model_export_reads_a_sharded_checkpoint(uninterrupted: Path, tmp_path: Path) -> None:
+    from models.loading import load_model
+
+    lvrl(
+        "model",
+        "export",
+        "--ckpt",
+        str(uninterrupted / "checkpoints" / "last.ckpt"),
+        "--out",
+        str(tmp_path / "hf"),
+    )
+    exported = load_model(tmp_path / "hf").state_dict()
+    at_fit_end = load_model(uninterrupted / "hf").state_dict()
+    for name, weight in at_fit_end.items():
+        assert_identical(exported[name], weight, reason=f"{name}: lvrl model export vs the run's own export")
