@@ -119,7 +119,7 @@ class RolloutCallback(Callback):
             raise ValueError(f"weight_sync_bucket_mb={weight_sync_bucket_mb} must be positive")
         self.weight_sync_bucket_bytes = int(weight_sync_bucket_mb * MIB)
         self.supervisor: EngineSupervisor | None = None
-        self._resume_sync_pending = False
+        self._first_rollout = True
         self._train_started = time.perf_counter()
         self.vision_calls = 0
         """Vision-tower encodings so far (one per prompt per step; the tests count them)."""
@@ -149,10 +149,10 @@ class RolloutCallback(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run's weights differ from model_path: they are pushed before the first
         # rollout, not here: a strategy that restores after its setup (the sharded one) loads
-        # the checkpoint only after on_fit_start.
+        # the checkpoint, and sets trainer.ckpt_path, only after on_fit_start.
         assert self.supervisor is not None
         self.supervisor.start(sync_weights=False)
-        self._resume_sync_pending = trainer.ckpt_path is not None
+        self._first_rollout = True
 
     # -- before the step: rollouts ------------------------------------------------------------
     def on_train_batch_start(
@@ -160,9 +160,10 @@ class RolloutCallback(Callback):
     ) -> None:
         assert isinstance(pl_module, RolloutConsumer) and self.supervisor is not None
         supervisor = self.supervisor
-        if self._resume_sync_pending:
-            supervisor.sync_weights()  # the checkpoint's weights, loaded by now
-            self._resume_sync_pending = False
+        if self._first_rollout:
+            self._first_rollout = False
+            if trainer.ckpt_path is not None:
+                supervisor.sync_weights()  # the checkpoint's weights, loaded by now
         shard = pl_module.sequence_shard
         step = trainer.global_step
 
