@@ -380,8 +380,7 @@ class GRPOModule(VLMModule):
         self.note_finite_update()
         merge_stats(totals, {"grad_norm": grad_norm.detach()})
         if self.hparams.max_grad_norm is not None and params:
-            # With the norm just measured (what clip_grad_norm_ computes); torch's own
-            # clip_grad_norm_ on a mix of sharded gradients scaled only some of them (torch 2.13).
+            # With the norm just measured (the one clip_grad_norm_ would compute again).
             torch.nn.utils.clip_grads_with_norm_(params, self.hparams.max_grad_norm, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
