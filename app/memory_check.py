@@ -10,6 +10,7 @@ GPU: it returns the reason to refuse, with the plan's suggestions, or None.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,49 @@ def parse_memory(text: str) -> int:
     unit = (match.group(2) or "b").lower()
     scale = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "m": 2**20, "b": 1}[unit]
     return int(float(match.group(1)) * scale)
+
+
+def cuda_memory() -> tuple[int, str, int] | None:
+    """``(total bytes, name, GPUs visible)`` of the GPU this process will use, None without CUDA.
+
+    Every rank runs the start-up check before Lightning assigns it a device, so it asks about
+    its own GPU (``LOCAL_RANK``) and, where NVML is installed (``nvidia-ml-py``, which vLLM
+    brings), through NVML, which creates no CUDA context: a context opened on GPU 0 by each of 8
+    ranks would cost GPU 0 several GiB for the whole run.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    index = int(os.environ.get("LOCAL_RANK", "0")) % max(count, 1)
+    found = _nvml_memory(index, count)
+    if found is None:
+        properties = torch.cuda.get_device_properties(index)
+        found = int(properties.total_memory), str(properties.name)
+    memory, name = found
+    return memory, f"cuda:{index} ({name})", count
+
+
+def _nvml_memory(index: int, count: int) -> tuple[int, str] | None:
+    """Total memory and name of visible GPU ``index`` through NVML; None where NVML cannot say
+    (not installed, no driver, GPUs named by UUID in ``CUDA_VISIBLE_DEVICES``)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = (
+        list(range(count)) if visible is None else [int(d) for d in visible.split(",") if d.strip().isdigit()]
+    )
+    if index >= len(physical):
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(physical[index])
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), str(pynvml.nvmlDeviceGetName(handle))
+    except pynvml.NVMLError:
+        return None
 
 
 def check_enabled(config: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.memory_check import memory_problem
+from app.memory_check import cuda_memory, memory_problem
 from datamodules.shards import resolve_shards
 from models.loading import model_directory
 from parallel.mesh import check_attention_heads, mesh_shape
@@ -192,15 +192,14 @@ def _check_rl(trainer: dict[str, Any], model: dict[str, Any], problems: list[str
 
 
 def cuda_device(trainer: dict[str, Any]) -> tuple[int, str, int] | None:
-    """``(memory in bytes, name, devices)`` of the first CUDA GPU when the run will use CUDA GPUs."""
+    """``(memory in bytes, name, GPUs visible)`` of this process's CUDA GPU when the run will
+    use CUDA GPUs, None otherwise (see :func:`app.memory_check.cuda_memory`)."""
     if str(trainer.get("accelerator") or "auto") not in ("gpu", "cuda", "auto"):
         return None
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    properties = torch.cuda.get_device_properties(0)
-    return int(properties.total_memory), f"cuda:0 ({properties.name})", torch.cuda.device_count()
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, dict) and _init_args(strategy).get("start_method") == "fork":
+        return None  # initialising CUDA before a fork would break the forked ranks
+    return cuda_memory()
 
 
 def _check_memory(
