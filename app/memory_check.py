@@ -126,19 +126,21 @@ def run_settings(
     data_args = {**DEFAULTS["data"], **_init_args(data)}
     strategy = trainer.get("strategy")
     precision = str(trainer.get("precision") or "32-true")
-    master = "bfloat16" if precision.startswith(("bf16-true", "16-true")) else module["dtype"]
+    # "-true" precisions convert the module, master weights included; "-mixed" ones compute in half.
+    half = "bfloat16" if precision.startswith("bf16") else "float16" if precision.startswith("16") else None
+    master = half if half and precision.endswith("-true") else module["dtype"]
     if _class_path(strategy) == SEQUENCE_PARALLEL_STRATEGY:
         args = {**DEFAULTS["strategy"], **_init_args(strategy)}
         layout = {
             "sequence_parallel_size": int(args["sequence_parallel_size"]),
             "sequence_parallel_attention": args["sequence_parallel_attention"],
             "sharding": args["sharding"],
-            "param_dtype": master if master == "bfloat16" else args["param_dtype"],
+            "param_dtype": master if master != "float32" else args["param_dtype"],
             "reduce_dtype": args["reduce_dtype"],
             "cpu_offload": bool(args["cpu_offload"]),
         }
     else:  # DDP or a single device: every rank holds everything
-        compute = "bfloat16" if precision.startswith("bf16") else master
+        compute = half or master
         layout = {"sharding": "replicated", "param_dtype": compute, "reduce_dtype": master}
     rollout = next((c for c in trainer.get("callbacks") or [] if _class_path(c) == ROLLOUT_CALLBACK), None)
     rollout_args = {**DEFAULTS["rollout"], **_init_args(rollout)}

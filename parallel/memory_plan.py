@@ -494,7 +494,7 @@ def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryP
         )
     )
     lines += _training_lines(arch, run, tokens, master, compute, reduce, shard, on_gpu)
-    lines += _encoding_lines(arch, run, tokens, compute)
+    lines += _encoding_lines(arch, run, tokens)
     engine = None
     if device.kind == "cuda" and run.kind == "grpo" and run.engine is not None:
         engine = engine_check(arch, run, tokens, device)
@@ -650,7 +650,7 @@ def _training_lines(
     return lines
 
 
-def _encoding_lines(arch: Architecture, run: RunSettings, tokens: Tokens, compute: int) -> list[Line]:
+def _encoding_lines(arch: Architecture, run: RunSettings, tokens: Tokens) -> list[Line]:
     """The frozen tower's working set while it encodes this rank's share of the frames. GRPO
     encodes in the rollout phase; SFT encodes inside its forward, before the layers store
     anything, so it is counted in the rollout column (the step's other phase) there too."""

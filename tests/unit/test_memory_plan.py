@@ -322,6 +322,22 @@ def test_run_settings_of_a_real_config() -> None:
     assert run_settings(config, gpus=4, nodes=2).world_size == 8
 
 
+def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
+    """Issue 16's starting point: grpo_7b.yaml under a replicating strategy with bf16-true, vLLM
+    awake at 0.4: ~110 GB per GPU before any activation, so it cannot fit 80 GB."""
+    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config["trainer"].update(strategy="ddp", precision="bf16-true")
+    config["trainer"]["callbacks"][0]["init_args"]["engine"]["init_args"]["enable_sleep_mode"] = False
+    run = run_settings(config)
+    assert (run.sharding, run.master_dtype, run.param_dtype) == ("replicated", "bfloat16", "bfloat16")
+    plan = plan_memory(published_architecture("qwen2.5-vl-7b"), run, Device("cuda", 80 * GIB))
+    before_activations = sum(
+        line.bytes for line in plan.lines if line.phase == "always" and line.name != "framework overhead"
+    )
+    assert 100e9 < before_activations + line(plan, "gradients") < 120e9
+    assert not plan.fits
+
+
 # -- lvrl plan --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("config", list(REAL_CONFIGS))
 def test_lvrl_plan_says_each_real_config_fits_on_eight_80gb_gpus(config: str) -> None:
