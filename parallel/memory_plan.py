@@ -13,7 +13,8 @@ What is counted (the lines of :func:`plan_memory`; the formulas are in each func
   optimizer states to host memory.
 - **gathered units**: FSDP2 all-gathers one unit (a decoder block, the embedding, the output
   head) at a time and prefetches the next, in the compute dtype; in backward the unit's full
-  gradient exists in the compute dtype and in the reduce dtype before the reduce-scatter.
+  gradient exists in the compute dtype and is copied into a reduce-dtype reduce-scatter input,
+  which is kept until the next unit reduces.
 - **activations** of one micro-batch: with checkpointing, each layer's input plus one layer's
   full working set (recomputed in backward); without, every layer's saved tensors. The
   per-token counts of a decoder layer are exact for transformers' Qwen2.5-VL layer with a
@@ -562,7 +563,10 @@ def _training_lines(
         lines.append(Line("gradient reduction buffer", trainable * master, "training", "a flat copy (DDP)"))
     else:
         # Backward through the head: the head gathered, the last block prefetched, the head's full
-        # gradient in the compute and reduce dtypes; through a block: two blocks, one gradient.
+        # gradient in the compute dtype and its reduce-scatter input in the reduce dtype. Through
+        # a block: two blocks gathered, the block's gradient, and the previous unit's
+        # reduce-scatter input, which FSDP2 keeps until the next unit reduces (the head's, for the
+        # first block after it).
         head = text.embedding_parameters() if text.tied_embeddings else text.head_parameters()
         block = text.layer_parameters()  # vision blocks, when trained, are smaller
         lines.append(
@@ -576,9 +580,10 @@ def _training_lines(
         lines.append(
             Line(
                 "FSDP2 buffers at a block",
-                2 * block * compute + block * (compute + reduce),
+                3 * block * compute + max(head, block) * reduce,
                 "layers",
-                f"block ({block / 1e6:.0f}M) gathered + next prefetched, its gradient unsharded",
+                f"block ({block / 1e6:.0f}M) gathered + next prefetched, its gradient; the head's held "
+                "reduce-scatter input",
             )
         )
     t = tokens.layer_tokens
