@@ -25,6 +25,9 @@ largest) figure is reported, as a GPU run is bounded by its fullest device.
 Until the FSDP2 strategy (issue 16) is on main the sharding is done here with the agreed
 layout; once it lands, this should shard through the strategy's own function.
 
+``PLAN_CHECK_TRACE=1`` also prints each rank's peak per part of each step (encoding, each
+micro-batch's forward and backward, the optimizer update).
+
 Usage: python bench/plan_check.py [--layouts 1x1 2x1 2x2 4x1 4x4] [--steps 2] [--frames 8]
        [--generations 4] [--micro-batch-rows 2] [--completion 32] [--no-checkpointing]
        [--param-dtype float32|bfloat16]
@@ -33,6 +36,8 @@ Usage: python bench/plan_check.py [--layouts 1x1 2x1 2x2 4x1 4x4] [--steps 2] [-
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import re
@@ -107,7 +112,6 @@ def reset_peak() -> None:
 
 def prompt_layout(frames: int) -> PromptLayout:
     """A prompt of text, one video of ``frames`` frames of FRAME_SIDE^2 pixels, text."""
-    vision = MODEL_CONFIG["vision_config"]
     patch = 14
     grid = torch.tensor([frames // 2, FRAME_SIDE // patch, FRAME_SIDE // patch])
     video_tokens = int(grid.prod()) // 4
@@ -115,9 +119,7 @@ def prompt_layout(frames: int) -> PromptLayout:
     ids = torch.randint(20, MODEL_CONFIG["vocab_size"], (TEXT_BEFORE + TEXT_AFTER,), generator=generator)
     token_ids = [*ids[:TEXT_BEFORE].tolist(), VISION_START, *[VIDEO_TOKEN] * video_tokens, VISION_END]
     token_ids += ids[TEXT_BEFORE:].tolist()
-    rule = PositionRule(2, 2.0)
-    del vision
-    return PromptLayout.build(token_ids, VIDEO_TOKEN, rule, grid, 1.0)
+    return PromptLayout.build(token_ids, VIDEO_TOKEN, PositionRule(2, 2.0), grid, 1.0)
 
 
 def run_settings(world: int, sp: int, args: argparse.Namespace) -> RunSettings:
@@ -176,9 +178,8 @@ def grpo_step(
     shard: Any,
     step: int,
 ) -> dict[str, int]:
-    """Encode, score G completions in micro-batches with gradients, the GRPO loss, an update."""
-    import functools
-
+    """Encode, score G completions in micro-batches with gradients, the GRPO loss, an update;
+    returns the peak resident bytes of each part (encoding, each forward and backward, the update)."""
     from models.logprobs import completion_logprobs, input_embeddings
     from models.rl.losses import policy_loss
     from models.vision import encode_videos
@@ -258,12 +259,10 @@ def worker(rank: int, world: int, sp: int, args: argparse.Namespace, store: str,
         mesh = build_device_mesh("cpu", mesh_shape(world, sp))
         shard = SequenceShard(mesh.get_group("sequence"), args.attention)
     layout = prompt_layout(args.frames)
-    vision = MODEL_CONFIG["vision_config"]
     patches = int(layout.video_grid_thw.prod())
     pixels = torch.randn(patches, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
     config = Qwen2_5_VLConfig(**{k: v for k, v in MODEL_CONFIG.items() if k != "model_type"})
     config._attn_implementation = "sdpa"
-    del vision
     baseline = resident_bytes()
     torch.manual_seed(0)
     model = Qwen2_5_VLForConditionalGeneration(config).train()
@@ -273,9 +272,7 @@ def worker(rank: int, world: int, sp: int, args: argparse.Namespace, store: str,
     if sp > 1:
         model.set_attn_implementation(register_sequence_parallel_attention())
     shard_model(model, getattr(torch, args.param_dtype))
-    import gc
-
-    gc.collect()
+    gc.collect()  # the full tensors sharding replaced
     resident_after_sharding = resident_bytes() - baseline
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     steps = []
