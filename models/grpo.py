@@ -147,6 +147,12 @@ class GRPOModule(VLMModule):
             log.warning(
                 "the vision tower is trainable: the policy pass re-encodes videos with grad each step"
             )
+        if self.hparams.share_prompt_prefix and self.hparams.gradient_checkpointing:
+            log.warning(
+                "gradient_checkpointing: the policy pass forwards each prompt once per completion "
+                "(transformers keeps no key/value cache through checkpointed layers); the reference "
+                "pass still shares prompts"
+            )
         rows = self.hparams.micro_batch_rows
         if rows is not None and self.hparams.share_prompt_prefix and rows % settings.group_size:
             log.warning(
@@ -284,8 +290,14 @@ class GRPOModule(VLMModule):
                 model, scoring, embeddings, self.sequence_shard, entropy=entropy
             )
         return completion_logprobs(
-            model, scoring, video_embeds, entropy=entropy, share_prompts=self.hparams.share_prompt_prefix
+            model, scoring, video_embeds, entropy=entropy, share_prompts=self._shares_prompts(model)
         )
+
+    def _shares_prompts(self, model: torch.nn.Module) -> bool:
+        """Whether a pass forwards each prompt once: not through checkpointed layers in training,
+        where transformers drops the key/value cache the completions would reuse."""
+        checkpointed = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
+        return bool(self.hparams.share_prompt_prefix) and not checkpointed
 
     def _video_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[torch.Tensor | None]:
         """Each prompt's encoding (per prompt, indexed like ``scoring.prompt_of_row``)."""

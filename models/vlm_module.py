@@ -267,8 +267,9 @@ class VLMModule(L.LightningModule):
             tokens_per_second=rule.tokens_per_second,
         )
 
-    def forward_logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Logits of the teacher-forcing layout (prompt + target)."""
+    def forward_logits(self, batch: dict[str, Any], logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits of the teacher-forcing layout (prompt + target): every position, or the last
+        ``logits_to_keep``."""
         assert self.model is not None
         model = self.model
         positions = self.position_ids(batch)
@@ -280,6 +281,7 @@ class VLMModule(L.LightningModule):
                 pixel_values_videos=batch["pixel_values_videos"],
                 video_grid_thw=batch["video_grid_thw"],
                 use_cache=False,
+                logits_to_keep=logits_to_keep,
             )
         )
         return out.logits
@@ -389,11 +391,19 @@ class VLMModule(L.LightningModule):
             self.log("val/loss", loss, batch_size=size, sync_dist=True, add_dataloader_idx=False)
 
     def token_mean_loss(self, batch: dict[str, Any], reduction: str = "mean") -> torch.Tensor:
-        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens (or summed)."""
-        logits = self.forward_logits(batch)[:, :-1].float()
-        labels = batch["labels"][:, 1:]
+        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens (or summed).
+
+        Logits are computed only from the position before the batch's first label on: over a
+        long video prompt the full-vocabulary logits of every prompt position would be the
+        largest tensor of the step (e.g. ~80 GB for a 7B model at 512 frames).
+        """
+        labels = batch["labels"]
+        labelled = (labels[:, 1:] != -100).any(dim=0).nonzero()
+        first = int(labelled[0]) if len(labelled) else labels.shape[1] - 2  # first predicted position
+        logits = self.forward_logits(batch, logits_to_keep=labels.shape[1] - first)[:, :-1].float()
+        targets = labels[:, first + 1 :]
         return torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction=reduction
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
         )
 
     def token_loss_share(self, batch: dict[str, Any]) -> torch.Tensor:
