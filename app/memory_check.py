@@ -172,7 +172,13 @@ def run_settings(
         num_generations=int(rollout_args["num_generations"]),
         # Today sequence-parallel rows are forwarded whole (parallel.prefill); only one-rank
         # scoring shares the prompt pass.
-        shared_prompt_pass=kind == "grpo" and bool(module.get("share_prompt_prefix")) and size == 1,
+        # The policy pass does not share through checkpointed layers (models.grpo).
+        shared_prompt_pass=kind == "grpo"
+        and bool(module.get("share_prompt_prefix"))
+        and size == 1
+        and not bool(module["gradient_checkpointing"]),
+        # The sharded strategy keeps a frozen tower in the compute dtype (models.vlm_module.shard).
+        frozen_vision_dtype=layout["param_dtype"] if "sequence_parallel_size" in layout else None,
         engine=engine,
         **layout,
     )

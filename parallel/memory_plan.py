@@ -473,7 +473,8 @@ def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryP
             )
         )
     if run.reference != "none":
-        reference = arch.parameters() * compute / shard if run.reference == "sharded" else 0.0
+        # (The reference has no vision tower: it only scores rows with cached video embeddings.)
+        reference = arch.text.parameters() * compute / shard if run.reference == "sharded" else 0.0
         lines.append(
             Line(
                 "reference model",

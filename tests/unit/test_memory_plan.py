@@ -182,7 +182,7 @@ def test_lines_by_hand() -> None:
     assert line(plan, "optimizer") == 2 * lm * 4 / 8
     assert line(plan, "gradients") == lm * 4 / 8
     assert line(plan, "vision tower") == arch.vision.parameters() * 4
-    assert line(plan, "reference") == arch.parameters() * 2 / 8
+    assert line(plan, "reference") == arch.text.parameters() * 2 / 8  # no vision tower
     # 512 frames of 128 x 28 x 28 pixels: 256 temporal patches x 128 tokens.
     assert plan.tokens.video == 32768 and plan.tokens.prompt == 32768 + 1024
     # Two rows of prompt + completion, forwarded whole, split over 4 ranks.
