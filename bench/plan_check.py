@@ -147,26 +147,22 @@ def run_settings(world: int, sp: int, args: argparse.Namespace) -> RunSettings:
     )
 
 
-def shard_model(model: torch.nn.Module, param_dtype: torch.dtype) -> None:
-    """FSDP2 over the world: each decoder block, the embedding and the head, then the root; the
-    frozen vision tower is left out (replicated)."""
+def shard_model(model: torch.nn.Module, param_dtype: torch.dtype) -> Any:
+    """lvrl's sharding (:func:`parallel.sharding.shard_model`, as the strategy applies it): a unit
+    per decoder block, a root unit for the embeddings and head, the frozen vision tower whole in
+    the compute dtype. Returns the root scope every forward runs in."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from models.vision import decoder_blocks, vision_tower
+    from parallel.sharding import ShardingLayout, ShardingSettings
+    from parallel.sharding import shard_model as lvrl_shard_model
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    language = model.model.language_model
-    for layer in language.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    # The embedding is its own unit: lvrl builds input embeddings before the model's forward.
-    fully_shard(language.embed_tokens, mesh=mesh, mp_policy=policy)
-    fully_shard(model.lm_head, mesh=mesh, mp_policy=policy)
-    ignored = set(model.model.visual.parameters())
-    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
-    # FSDP2 takes the first module to run forward for the root; lvrl runs the embedding first
-    # (input embeddings with the cached video), so make the model the root now (private API:
-    # the strategy needs an answer to this too).
-    model._get_fsdp_state()._lazy_init()
+    dtype = str(param_dtype).removeprefix("torch.")
+    tower = vision_tower(model)
+    tower.to(param_dtype)
+    layout = ShardingLayout(model, decoder_blocks(model), kept_whole=(tower,))
+    return lvrl_shard_model(layout, mesh, ShardingSettings(param_dtype=dtype))
 
 
 def grpo_step(
@@ -177,6 +173,7 @@ def grpo_step(
     args: argparse.Namespace,
     shard: Any,
     step: int,
+    scope: Any,
 ) -> dict[str, int]:
     """Encode, score G completions in micro-batches with gradients, the GRPO loss, an update;
     returns the peak resident bytes of each part (encoding, each forward and backward, the update)."""
@@ -185,6 +182,7 @@ def grpo_step(
     from models.vision import encode_videos
     from parallel.encoding import encode_videos_sequence_parallel
     from parallel.prefill import sequence_parallel_completion_logprobs
+    from parallel.sharding import run_sharded
 
     trace: dict[str, int] = {}
 
@@ -227,11 +225,14 @@ def grpo_step(
     for start in range(0, args.generations, args.micro_batch_rows):
         rows = list(range(start, min(start + args.micro_batch_rows, args.generations)))
         chunk = batch.select(rows)
-        if shard is None:
-            logprobs = completion_logprobs(model, chunk, video, share_prompts=False)
-        else:
+
+        def score(chunk: ScoringBatch = chunk) -> torch.Tensor:
+            if shard is None:
+                return completion_logprobs(model, chunk, video, share_prompts=False)
             embeddings = input_embeddings(model, chunk, video, torch.device("cpu"))
-            logprobs = sequence_parallel_completion_logprobs(model, chunk, embeddings, shard)
+            return sequence_parallel_completion_logprobs(model, chunk, embeddings, shard)
+
+        logprobs = run_sharded(scope, score)
         loss, _ = policy_loss(
             logprobs, old[rows], advantages[rows], chunk.completion_mask, token_count_normalizer=tokens
         )
@@ -271,14 +272,14 @@ def worker(rank: int, world: int, sp: int, args: argparse.Namespace, store: str,
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if sp > 1:
         model.set_attn_implementation(register_sequence_parallel_attention())
-    shard_model(model, getattr(torch, args.param_dtype))
+    scope = shard_model(model, getattr(torch, args.param_dtype))
     gc.collect()  # the full tensors sharding replaced
     resident_after_sharding = resident_bytes() - baseline
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     steps = []
     for step in range(args.steps):
         started = time.perf_counter()
-        trace = grpo_step(model, optimizer, layout, pixels, args, shard, step)
+        trace = grpo_step(model, optimizer, layout, pixels, args, shard, step, scope)
         peaks = {name: value - baseline for name, value in trace.items()}
         steps.append({"peak": max(peaks.values()), "trace": peaks, "seconds": time.perf_counter() - started})
     result = {"rank": rank, "resident_after_sharding": resident_after_sharding, "steps": steps}

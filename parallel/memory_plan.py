@@ -563,28 +563,38 @@ def _training_lines(
     if run.sharding == "replicated":
         lines.append(Line("gradient reduction buffer", trainable * master, "training", "a flat copy (DDP)"))
     else:
-        # Backward through the head: the head gathered, the last block prefetched, the head's full
-        # gradient in the compute dtype and its reduce-scatter input in the reduce dtype. Through
-        # a block: two blocks gathered, the block's gradient, and the previous unit's
-        # reduce-scatter input, which FSDP2 keeps until the next unit reduces (the head's, for the
-        # first block after it).
+        # lvrl's layout (parallel.sharding): one unit per decoder block and a root unit holding
+        # the embeddings and the head, gathered from the step's forward to the end of its
+        # backward (its gradients reduce once, when backward ends, so the head's gradient is
+        # held, unsharded, until then). Through the head: the root gathered, the last block
+        # prefetched, the head's gradient. Through a block: the same root and head gradient, two
+        # blocks gathered, the block's gradient, and the previous block's reduce-scatter input,
+        # which FSDP2 keeps until the next unit reduces.
         head = text.embedding_parameters() if text.tied_embeddings else text.head_parameters()
+        root = text.embedding_parameters() + (0 if text.tied_embeddings else text.head_parameters())
         block = text.layer_parameters()  # vision blocks, when trained, are smaller
         lines.append(
             Line(
                 "FSDP2 buffers at the head",
-                (head + block) * compute + head * (compute + reduce),
+                (root + block + head) * compute,
                 "head",
-                f"head ({head / 1e6:.0f}M) gathered + next block prefetched, head gradient unsharded",
+                f"root unit (embeddings + head, {root / 1e6:.0f}M) gathered for the step + next block "
+                "prefetched, the head's gradient",
             )
         )
+        # When backward ends the root reduces: its parameters, its whole gradient (embeddings
+        # and head) and that gradient's reduce-scatter input are alive at once; the larger of the
+        # two moments counts.
+        through_blocks = (root + head + 3 * block) * compute + block * reduce
+        at_the_end = root * (2 * compute + reduce) + block * reduce
         lines.append(
             Line(
                 "FSDP2 buffers at a block",
-                3 * block * compute + max(head, block) * reduce,
+                max(through_blocks, at_the_end),
                 "layers",
-                f"block ({block / 1e6:.0f}M) gathered + next prefetched, its gradient; the head's held "
-                "reduce-scatter input",
+                f"the root still gathered and the head's gradient held; block ({block / 1e6:.0f}M) gathered "
+                "+ next prefetched, its gradient, the previous block's reduce-scatter input (or, when "
+                "backward ends, the root's whole gradient and its reduce-scatter input)",
             )
         )
     t = tokens.layer_tokens
