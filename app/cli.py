@@ -2,8 +2,8 @@
 
 ``lvrl fit|validate|test|predict`` go to LightningCLI (every argument documented by
 ``--help``, configs as YAML with ``class_path``/``init_args``); ``lvrl data ...`` and
-``lvrl model ...`` and ``lvrl report ...`` are plain tools (data synthesis, shard building, model
-building, export, plots and tables of finished runs).
+``lvrl model ...``, ``lvrl plan`` and ``lvrl report ...`` are plain tools (data synthesis, shard
+building, model building, export, a run's memory plan, plots and tables of finished runs).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ import sys
 from collections.abc import Sequence
 
 # Tool groups and the modules that implement them, imported only when used (start-up stays fast).
-TOOL_GROUPS = {"data": "app.commands.data", "model": "app.commands.model", "report": "app.commands.report"}
+TOOL_GROUPS = {
+    "data": "app.commands.data",
+    "model": "app.commands.model",
+    "plan": "app.commands.plan",
+    "report": "app.commands.report",
+}
 
 # Every subcommand with one line, for `lvrl --help` (LightningCLI's own help lists only its four).
 COMMANDS = {
@@ -25,6 +30,7 @@ COMMANDS = {
     "predict": "Lightning's predict loop (likewise: use validate, which writes every prediction)",
     "data": "data synth: the demo's synthetic task; data build: shards from a JSONL file and videos",
     "model": "model build: a Qwen2.5-VL model from a preset; model export: a checkpoint as an HF directory",
+    "plan": "per-GPU memory of a config before launching it: fits or not, what to change",
     "report": "report compare: accuracy of evaluations side by side; report curve: plots of logged metrics",
 }
 

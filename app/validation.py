@@ -4,7 +4,9 @@ once, before a logger, a model or an engine is created, with what to change.
 Checked: the model directory (an HF directory with ``config.json``), the shard specs the
 command will read, the sequence-parallel layout (size vs ``devices x num_nodes``, attention
 heads vs Ulysses, read from the model's ``config.json``), the RL rollout settings (group size,
-reward names, their arguments), and a GRPO module without a rollout callback (or the reverse).
+reward names, their arguments), a GRPO module without a rollout callback (or the reverse), and,
+on a CUDA GPU with the sequence-parallel strategy's ``check_memory_plan`` on, whether the memory
+plan (:mod:`app.memory_check`) fits the device.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from app.memory_check import cuda_memory, memory_problem
 from datamodules.shards import resolve_shards
 from models.loading import model_directory
 from parallel.mesh import check_attention_heads, mesh_shape
@@ -188,8 +191,40 @@ def _check_rl(trainer: dict[str, Any], model: dict[str, Any], problems: list[str
         _check_rewards(list(args.get("rewards") or []), problems)
 
 
-def validate_config(subcommand: str, config: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` listing every problem of ``config`` for ``lvrl <subcommand>``."""
+def cuda_device(trainer: dict[str, Any]) -> tuple[int, str, int] | None:
+    """``(memory in bytes, name, GPUs visible)`` of this process's CUDA GPU when the run will
+    use CUDA GPUs, None otherwise (see :func:`app.memory_check.cuda_memory`)."""
+    if str(trainer.get("accelerator") or "auto") not in ("gpu", "cuda", "auto"):
+        return None
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, dict) and _init_args(strategy).get("start_method") == "fork":
+        return None  # initialising CUDA before a fork would break the forked ranks
+    return cuda_memory()
+
+
+def _check_memory(
+    config: dict[str, Any], model_config: dict[str, Any], problems: list[str], device_memory: int | None
+) -> None:
+    trainer = config.get("trainer") or {}
+    if device_memory is not None:
+        memory, name, visible = device_memory, "the device", None
+    else:
+        device = cuda_device(trainer)
+        if device is None:
+            return
+        memory, name, visible = device
+    gpus = visible if _world_size(trainer) is None else None  # devices: auto -> the visible GPUs
+    problem = memory_problem(config, model_config, memory, name, gpus=gpus)
+    if problem:
+        problems.append(problem)
+
+
+def validate_config(subcommand: str, config: dict[str, Any], device_memory: int | None = None) -> None:
+    """Raise :class:`ConfigError` listing every problem of ``config`` for ``lvrl <subcommand>``.
+
+    ``device_memory`` (bytes of one GPU) stands in for the CUDA device's memory in the memory
+    check (tests; None reads the device, and skips the check where there is no CUDA GPU).
+    """
     problems: list[str] = []
     trainer = config.get("trainer") or {}
     model = config.get("model") or {}
@@ -198,6 +233,9 @@ def validate_config(subcommand: str, config: dict[str, Any]) -> None:
     _check_parallel(trainer, model_config, problems)
     if subcommand == "fit":
         _check_rl(trainer, model, problems)
+        # Planned only once everything else holds: a broken value would make the plan meaningless.
+        if model_config is not None and not problems:
+            _check_memory(config, model_config, problems, device_memory)
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(

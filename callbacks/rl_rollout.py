@@ -3,9 +3,21 @@
 Before each training step it turns the batch's prompts into scored rollouts with
 :func:`rollout.experience.collect_rollouts` (videos encoded once, G completions per prompt from
 the engine, rewards, advantages) and hands them to the module (a
-:class:`~rollout.experience.RolloutConsumer`); after the optimizer step it pushes the trainable
-weights to the engine. The engine is kept answering by :class:`~rollout.supervision.EngineSupervisor`.
-Everything else is plain functions in :mod:`rollout`, which tests call without a Trainer.
+:class:`~rollout.experience.RolloutConsumer`); after the optimizer step it streams the trainable
+weights into the engine in bounded buckets (:mod:`rollout.weight_sync`). The engine is kept
+answering by :class:`~rollout.supervision.EngineSupervisor`. Everything else is plain functions
+in :mod:`rollout`, which tests call without a Trainer.
+
+A colocated engine shares the device with training, so it sleeps while the trainer trains.
+The engine calls of one training step, in order::
+
+    on_train_batch_start: generate (the engine is awake), sleep
+    [forward, backward, optimizer step]
+    on_train_batch_end:   wake, update_weights x buckets, finish_weight_update
+
+Weights are loaded into an awake engine (vLLM's sleep level 1 has moved them to CPU memory and
+dropped the KV cache); the engine stays awake into the next step's rollout, so each step wakes
+and sleeps it once. ``start`` (and a restart) leaves it awake.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +46,7 @@ from rollout.experience import (
     sample_records,
 )
 from rollout.supervision import EngineSupervisor
+from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, trainable_parameters
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +74,11 @@ class RolloutCallback(Callback):
         seed: base sampling seed (step-dependent), None for nondeterministic sampling.
         rollout_timeout_s: a rollout that takes longer stops the run with a checkpoint (an
             in-process engine that hangs cannot be recovered in place); None: no limit.
+        weight_sync_bucket_mb: after each update the trainable weights are gathered (from the
+            FSDP2 shards) and handed to the engine in buckets of at most this many MiB, each
+            dropped before the next is gathered: the sync's extra memory per device is the
+            bucket, or one engine layer when a layer alone is larger (an embedding matrix).
+            Logged as ``memory/weight_sync_peak_mb``.
 
     An engine that fails during a rollout (an exception: a crashed worker, a lost device) is
     shut down, started again with the current weights, and the step's rollout retried once; a
@@ -79,6 +98,7 @@ class RolloutCallback(Callback):
         log_samples_every_n_steps: int = 10,
         seed: int | None = 0,
         rollout_timeout_s: float | None = None,
+        weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
     ) -> None:
         if engine is None:
             from rollout.vllm_engine import VLLMEngine
@@ -95,7 +115,11 @@ class RolloutCallback(Callback):
         self.engine = engine
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.rollout_timeout_s = rollout_timeout_s
+        if weight_sync_bucket_mb <= 0:
+            raise ValueError(f"weight_sync_bucket_mb={weight_sync_bucket_mb} must be positive")
+        self.weight_sync_bucket_bytes = int(weight_sync_bucket_mb * MIB)
         self.supervisor: EngineSupervisor | None = None
+        self._first_rollout = True
         self._train_started = time.perf_counter()
         self.vision_calls = 0
         """Vision-tower encodings so far (one per prompt per step; the tests count them)."""
@@ -119,14 +143,16 @@ class RolloutCallback(Callback):
             policy=pl_module.policy,
             weights=lambda: trainable_parameters(pl_module.policy().model),
             timeout_s=self.rollout_timeout_s,
+            bucket_bytes=self.weight_sync_bucket_bytes,
         )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # A resumed run's weights differ from model_path: sync before the first rollout. (The
-        # checkpoint's weights are already loaded here, but its global step is restored only
-        # after on_fit_start, so the step cannot tell a resume; the sync costs one weight push.)
+        # A resumed run's weights differ from model_path: they are pushed before the first
+        # rollout, not here: a strategy that restores after its setup (the sharded one) loads
+        # the checkpoint, and sets trainer.ckpt_path, only after on_fit_start.
         assert self.supervisor is not None
-        self.supervisor.start(sync_weights=trainer.ckpt_path is not None)
+        self.supervisor.start(sync_weights=False)
+        self._first_rollout = True
 
     # -- before the step: rollouts ------------------------------------------------------------
     def on_train_batch_start(
@@ -134,6 +160,10 @@ class RolloutCallback(Callback):
     ) -> None:
         assert isinstance(pl_module, RolloutConsumer) and self.supervisor is not None
         supervisor = self.supervisor
+        if self._first_rollout:
+            self._first_rollout = False
+            if trainer.ckpt_path is not None:
+                supervisor.sync_weights()  # the checkpoint's weights, loaded by now
         shard = pl_module.sequence_shard
         step = trainer.global_step
 
@@ -144,15 +174,19 @@ class RolloutCallback(Callback):
 
         def generate(requests: list[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
             def on(engine: RolloutEngine) -> list[RolloutResult]:
-                if shard is None:
-                    return engine.generate(requests, sampling)
-                # Sequence-parallel peers hold the same prompts: each samples a share.
-                return share_out(requests, lambda mine: engine.generate(mine, sampling), shard.group)
+                # An engine sampling with the live policy decodes different lengths on each rank:
+                # a sharded policy is gathered whole for it (no collective inside).
+                live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
+                with live:
+                    if shard is None:
+                        return engine.generate(requests, sampling)
+                    # Sequence-parallel peers hold the same prompts: each samples a share.
+                    return share_out(requests, lambda mine: engine.generate(mine, sampling), shard.group)
 
             return supervisor.run(on, step)
 
         started = time.perf_counter()
-        self.engine.wake()
+        # Awake: started so, or woken for the last weight sync.
         rollouts = collect_rollouts(
             PromptBatch.of(batch),
             encode,
@@ -162,7 +196,7 @@ class RolloutCallback(Callback):
             pad_token_id=pl_module.policy().tokenizer.pad_token_id,
             length_multiple=shard.size if shard is not None else 1,
         )
-        self.engine.sleep()
+        self.engine.sleep()  # the trainer gets the device until the weight sync
         pl_module.receive_rollouts(rollouts)
         self._log(pl_module, rollouts, time.perf_counter() - started)
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
@@ -202,10 +236,7 @@ class RolloutCallback(Callback):
         started = time.perf_counter()
         pl_module.log("time/train_s", started - self._train_started, batch_size=1)
         assert self.supervisor is not None
-        self.supervisor.sync_weights()
+        self.engine.wake()  # weights are loaded into an awake engine
+        report = self.supervisor.sync_weights()
         pl_module.log("time/weight_sync_s", time.perf_counter() - started, batch_size=1)
-
-
-def trainable_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The parameters an update can change (HF names): all an engine needs after it loaded the rest."""
-    return [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        pl_module.log("memory/weight_sync_peak_mb", report.peak_bytes / MIB, batch_size=1)

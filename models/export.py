@@ -1,4 +1,5 @@
-"""Turn a Lightning checkpoint of an lvrl module back into a Hugging Face model directory."""
+"""Hugging Face model directories out of a trained policy: live (sharded or not), or from a
+Lightning checkpoint."""
 
 from __future__ import annotations
 
@@ -6,8 +7,44 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
 
 from models.loading import load_model, load_processor
+
+SHARDED_METADATA = "meta.pt"
+"""A sharded checkpoint folder's file of everything but the shards (step, loops, hyper-parameters)."""
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether any parameter is a DTensor shard (FSDP2): then only all ranks together hold it."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _writes_here() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def save_hf_model(model: Any, processor: Any, out_dir: str | Path) -> Path:
+    """``save_pretrained`` of ``model`` (a live HF model) and ``processor`` into ``out_dir``.
+
+    Call it on every rank: a sharded model (DTensor parameters) is gathered into a full state
+    dict first, a collective all ranks join, parameter by parameter (each rank holds one full
+    parameter at a time on its device; rank 0 collects the CPU copies it writes). Rank 0 alone
+    writes, in either case. Returns ``out_dir``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    out = Path(out_dir)
+    state = None
+    if is_sharded(model):
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if _writes_here():
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out, state_dict=state)
+        processor.save_pretrained(out)
+    return out
 
 
 def checkpoint_model_path(checkpoint: dict[str, Any]) -> str:
@@ -25,18 +62,28 @@ def export_checkpoint(
 ) -> Path:
     """Write the checkpoint's weights with ``save_pretrained`` plus the processor files.
 
-    The architecture, tokenizer and processor come from ``model_path`` (default: the directory
-    the checkpoint records); every weight must match it exactly.
+    ``ckpt_path`` is a checkpoint file, or the folder of a sharded (distributed) checkpoint,
+    read here in one process whatever the world size that wrote it. The architecture,
+    tokenizer and processor come from ``model_path`` (default: the directory the checkpoint
+    records); every weight must match it exactly.
     """
+    path = Path(ckpt_path)
     # Lightning checkpoints hold optimizer state and hyper-parameters, not just tensors; only
     # load checkpoints you trust.
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    checkpoint = torch.load(
+        path / SHARDED_METADATA if path.is_dir() else path, map_location="cpu", weights_only=False
+    )
     source = str(model_path) if model_path else checkpoint_model_path(checkpoint)
     model = load_model(source)
-    state = {
-        k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
-    }
-    model.load_state_dict(state, strict=True)
+    if path.is_dir():
+        # Read straight into the model's tensors (the optimizer's shards are not read).
+        target = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
+        dcp.load(target, checkpoint_id=path, no_dist=True)
+    else:
+        state = {
+            k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
+        }
+        model.load_state_dict(state, strict=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

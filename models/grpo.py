@@ -13,6 +13,12 @@ learning-rate schedule are in updates). Each update accumulates gradients over m
 ``micro_batch_rows`` rows; the loss normalisers are those of the whole rollout, so the
 micro-batched update equals the full-batch one.
 
+With the model sharded (:class:`parallel.strategy.SequenceParallelStrategy`), every rank runs
+the same number of forward and backward passes (each is a collective over the shards): a rank
+with fewer micro-batches to train runs zero-weighted ones on its own rows. The normalisers are
+counts summed over the data-parallel ranks and gradients are summed, so the update equals the
+one-process update on the whole batch; logged losses and statistics are summed the same way.
+
 Departures from the paper's released code: the trainer uses the engine's exact token layout
 and M-RoPE positions (the release fell back to 1-D positions in training), and the old-policy
 log-probs are the engine's own, i.e. the behaviour policy's, for every iteration; their gap
@@ -21,19 +27,30 @@ to the trainer's first-iteration log-probs is logged every step as ``rollout/log
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from core.layout import ScoringBatch
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.rl.losses import policy_loss
-from models.vision import encode_videos
+from models.vision import decoder_blocks, drop_vision_tower, encode_videos
 from models.vlm_module import VLMModule
-from parallel.contract import GradientReducer
 from parallel.prefill import sequence_parallel_completion_logprobs
+from parallel.sharding import (
+    ShardedScope,
+    ShardingLayout,
+    ShardingSettings,
+    full_tensor,
+    run_sharded,
+    shard_model,
+)
 from rollout.base import RolloutEngine
 from rollout.experience import ExperienceSettings, RolloutBatch
 
@@ -68,6 +85,9 @@ class GRPOModule(VLMModule):
             completions reuse its keys and values, instead of once per completion. Same log-probs
             and gradients up to float rounding; about G times less prompt work. False forwards
             every row whole (a debugging aid).
+        reference_placement: with a sharded model, where the frozen reference's shards live:
+            ``sharded`` (on the device, like the policy's) or ``cpu`` (in host memory, each
+            block copied in for its forward). Never a whole copy per rank.
     """
 
     def __init__(
@@ -87,6 +107,7 @@ class GRPOModule(VLMModule):
         micro_batch_rows: int | None = None,
         max_grad_norm: float | None = 1.0,
         share_prompt_prefix: bool = True,
+        reference_placement: str = "sharded",
         **kwargs: Any,
     ) -> None:
         # RL's own defaults for three shared settings; every other VLMModule argument passes through.
@@ -99,20 +120,23 @@ class GRPOModule(VLMModule):
             raise ValueError(f"micro_batch_rows must be >= 1 or null, got {micro_batch_rows}")
         if max_grad_norm is not None and max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be > 0 or null, got {max_grad_norm}")
+        if reference_placement not in ("sharded", "cpu"):
+            raise ValueError(f"reference_placement must be 'sharded' or 'cpu', got {reference_placement!r}")
         # Scores completions with the sequence split when the strategy hands it a shard.
         self.supports_sequence_parallel = True
         # Several optimizer updates per batch: the step drives the optimizer itself.
         self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None
+        object.__setattr__(self, "_reference_scope", None)
         self._rollouts: RolloutBatch | None = None
 
     # -- what the rollout callback hands over (rollout.experience.RolloutConsumer) --------------
     def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
         """Refuse experience settings this module cannot learn from; warn about wasteful ones."""
         problems = []
-        if engine.dtype is not None and engine.dtype != self.hparams.dtype:
+        if engine.dtype is not None and engine.dtype != self.compute_dtype:
             problems.append(
-                f"the engine samples in {engine.dtype} but the policy scores in {self.hparams.dtype}: the "
+                f"the engine samples in {engine.dtype} but the policy scores in {self.compute_dtype}: the "
                 "importance ratio would carry the rounding gap between the two; set the engine's dtype "
                 "to the model's (or the model's to the engine's)"
             )
@@ -122,6 +146,12 @@ class GRPOModule(VLMModule):
         if not self.hparams.freeze_vision:
             log.warning(
                 "the vision tower is trainable: the policy pass re-encodes videos with grad each step"
+            )
+        if self.hparams.share_prompt_prefix and self.hparams.gradient_checkpointing:
+            log.warning(
+                "gradient_checkpointing: the policy pass forwards each prompt once per completion "
+                "(transformers keeps no key/value cache through checkpointed layers); the reference "
+                "pass still shares prompts"
             )
         rows = self.hparams.micro_batch_rows
         if rows is not None and self.hparams.share_prompt_prefix and rows % settings.group_size:
@@ -154,8 +184,38 @@ class GRPOModule(VLMModule):
         if self.hparams.kl_coef > 0 and self.reference is None:
             reference = load_model(self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype)).eval()
             reference.requires_grad_(False)
+            # It scores rows whose video slots hold the policy's cached encoding: its own vision
+            # tower would never run.
+            drop_vision_tower(reference)
             # Kept out of the module tree: not trained, not checkpointed, not moved by optimizers.
             object.__setattr__(self, "reference", reference)
+
+    def shard(
+        self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
+    ) -> None:
+        if not self.hparams.freeze_vision and self.trainer.state.fn == "fit":
+            # The policy pass re-encodes videos outside the model's forward, in amounts that
+            # differ across ranks; a trainable tower would have to be gathered in lockstep.
+            raise ValueError(
+                "GRPO with a sharded model keeps the vision tower frozen: "
+                "set model.init_args.freeze_vision: true"
+            )
+        super().shard(mesh, settings, data_parallel_group)
+        if self.reference is not None:
+            offload = settings.cpu_offload or self.hparams.reference_placement == "cpu"
+            reference_settings = dataclasses.replace(settings, cpu_offload=offload)
+            self.reference.to(getattr(torch, settings.param_dtype))  # frozen: no master copy needed
+            layout = ShardingLayout(self.reference, decoder_blocks(self.reference))
+            scope = shard_model(layout, mesh, reference_settings, trains=False)
+            object.__setattr__(self, "_reference_scope", scope)
+
+    def _passes(self, count: int) -> int:
+        """How many passes every rank runs when this rank needs ``count`` (the most any rank needs)."""
+        if not self.sharded or not dist.is_initialized() or dist.get_world_size() == 1:
+            return count
+        most = torch.tensor([count], dtype=torch.long)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most.item())
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         rollout = self._take_rollouts()
@@ -164,23 +224,31 @@ class GRPOModule(VLMModule):
         scheduler = self.lr_schedulers()
         total_rows = int(rollout.row_mask.shape[0])
         mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
-        normalizers = loss_normalizers(mask, self.hparams.loss_aggregation)
+        normalizers = loss_normalizers(mask, self.hparams.loss_aggregation, self.sum_over_data)
         trained = rows_that_train(rollout.advantages, rollout.row_mask, self.hparams.kl_coef)
         chunks = micro_batches(trained, self.hparams.micro_batch_rows)
-        references = self._reference_logprobs(rollout, chunks)
+        every_row = micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows)
+        passes = self._passes(len(chunks))
+        # Zero-weighted passes on this rank's own rows, while other ranks train more micro-batches.
+        idle = [every_row[i % len(every_row)] for i in range(passes - len(chunks))]
+        references = self._reference_logprobs(rollout, chunks + idle)
         totals: dict[str, torch.Tensor] = {}
         for iteration in range(self.hparams.num_iterations):
-            for rows, reference in zip(chunks, references, strict=True):
+            for rows, reference in zip(chunks, references, strict=False):
                 stats = self._accumulate_gradients(
                     rollout, rows, mask, normalizers, reference, first_iteration=iteration == 0
                 )
                 merge_stats(totals, stats)
+            for rows in idle:
+                stats = self._idle_pass(rollout, rows)
+                if iteration == 0 and not trained:  # this rank's engine-trainer gap, measured anyway
+                    merge_stats(totals, stats)
             self._optimizer_update(optimizer, scheduler, totals)
-        if not trained:
-            # Nothing trains this step (e.g. every group scored alike): still measure the
-            # engine-trainer gap and the entropy, without gradient, on every row.
+        if not passes:
+            # Nothing trains this step, on any rank (e.g. every group scored alike): still measure
+            # the engine-trainer gap and the entropy, without gradient, on every row.
             with torch.no_grad():
-                for rows in micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows):
+                for rows in every_row:
                     merge_stats(totals, self._diagnostics(rollout, rows))
         self.log("train/trained_row_fraction", len(trained) / total_rows, batch_size=total_rows)
         self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=total_rows)
@@ -193,12 +261,17 @@ class GRPOModule(VLMModule):
         """Frozen-reference log-probs per micro-batch, computed once for all iterations."""
         if self.reference is None:
             return [None] * len(chunks)
-        reference = self.reference.to(self.device)
+        reference = self.reference
+        scope: ShardedScope | None = self._reference_scope
+        if scope is None:
+            reference = reference.to(self.device)
+        videos = rollout.video_embeds()
+
+        def score(rows: list[int]) -> torch.Tensor:
+            return self._logprobs(reference, rollout.scoring.select(rows), videos)
+
         with torch.no_grad():
-            return [
-                self._logprobs(reference, rollout.scoring.select(rows), rollout.video_embeds())
-                for rows in chunks
-            ]
+            return [run_sharded(scope, lambda rows=rows: score(rows)) for rows in chunks]
 
     def _logprobs(
         self,
@@ -217,8 +290,14 @@ class GRPOModule(VLMModule):
                 model, scoring, embeddings, self.sequence_shard, entropy=entropy
             )
         return completion_logprobs(
-            model, scoring, video_embeds, entropy=entropy, share_prompts=self.hparams.share_prompt_prefix
+            model, scoring, video_embeds, entropy=entropy, share_prompts=self._shares_prompts(model)
         )
+
+    def _shares_prompts(self, model: torch.nn.Module) -> bool:
+        """Whether a pass forwards each prompt once: not through checkpointed layers in training,
+        where transformers drops the key/value cache the completions would reuse."""
+        checkpointed = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
+        return bool(self.hparams.share_prompt_prefix) and not checkpointed
 
     def _video_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[torch.Tensor | None]:
         """Each prompt's encoding (per prompt, indexed like ``scoring.prompt_of_row``)."""
@@ -281,8 +360,17 @@ class GRPOModule(VLMModule):
         """Policy log-probs of the given rows, with the engine's log-probs and the entropy beside them."""
         scoring = rollout.scoring.select(rows)
         entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
-        logprobs = self._logprobs(self.model, scoring, video_embeds, entropy=entropy)
+        model = self.model
+        assert model is not None
+        logprobs = self.run_model(lambda: self._logprobs(model, scoring, video_embeds, entropy=entropy))
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
+
+    def _idle_pass(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+        """A forward and backward that changes no gradient (this rank has nothing left to train
+        while others do: the shards' collectives need every rank); returns the gap statistics."""
+        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
+        self.manual_backward(logprobs.sum() * 0.0)
+        return gap_statistics(logprobs.detach(), old, scoring.completion_mask, entropy)
 
     def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
         scoring, logprobs, old, entropy = self._score(rollout, rows, list(rollout.video_embeds()))
@@ -291,14 +379,12 @@ class GRPOModule(VLMModule):
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
         # Stepped even when no row trained (no gradients: the weights stay), so that
         # global_step, the schedule and max_steps keep counting updates.
-        strategy = self.trainer.strategy
-        if isinstance(strategy, GradientReducer):  # sequence/data-parallel: before the norm and clipping
-            strategy.reduce_gradients(self.parameters())
         params = [p for p in self.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
-        # Gradients are reduced over the ranks by now, so every rank sees the same norm and
-        # skips together.
-        loss = totals.get("loss", torch.zeros(()))
+        # Gradients were reduced over the ranks in backward (sharded: the norm of the shards is
+        # combined), so every rank sees the same norm and the whole batch's loss, and skips together.
+        grad_norm = full_tensor(grad_norm)
+        loss = self.sum_over_data(totals.get("loss", torch.zeros(())))
         if not (torch.isfinite(grad_norm) and torch.isfinite(loss)):
             optimizer.zero_grad(set_to_none=True)
             self.skip_nonfinite_update("gradient norm" if torch.isfinite(loss) else "loss")
@@ -306,28 +392,56 @@ class GRPOModule(VLMModule):
         self.note_finite_update()
         merge_stats(totals, {"grad_norm": grad_norm.detach()})
         if self.hparams.max_grad_norm is not None and params:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
-            )
+            # With the norm just measured (the one clip_grad_norm_ would compute again).
+            torch.nn.utils.clip_grads_with_norm_(params, self.hparams.max_grad_norm, grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
 
     def _log_step(self, totals: dict[str, torch.Tensor], rows: int) -> None:
-        """Statistics averaged over the step's updates (token-weighted within an update)."""
-        updates = self.hparams.num_iterations
+        """Statistics averaged over the step's updates (token-weighted within an update), over the
+        whole batch when the model is sharded (each rank holds its share)."""
         zero = torch.zeros(())
+        if self.data_parallel_group is not None:
+            # The same names on every rank, in the same order (a rank that trained nothing has
+            # fewer): one sum, and one max for the largest gap.
+            summed = torch.stack(
+                [totals.get(name, zero).detach().float().cpu() for name in SUMMED_STATISTICS]
+            )
+            totals = dict(zip(SUMMED_STATISTICS, self.sum_over_data(summed.to(self.device)), strict=True)) | {
+                "grad_norm": totals.get("grad_norm", zero),
+                "gap_max": totals.get("gap_max", zero).detach().clone().to(self.device),
+            }
+            dist.all_reduce(totals["gap_max"], op=dist.ReduceOp.MAX, group=self.data_parallel_group)
+        updates = self.hparams.num_iterations
         tokens = totals.get("tokens", zero).clamp(min=1)
         for name in ("clip_fraction", "dual_clip_fraction", "ratio_mean", "approx_kl", "ref_kl"):
             self.log(f"train/{name}", totals.get(name, zero) / tokens, batch_size=rows)
         for name in ("pg_loss", "kl_loss", "grad_norm"):
             self.log(f"train/{name}", totals.get(name, zero) / updates, batch_size=rows)
         self.log("train/loss", totals.get("loss", zero) / updates, prog_bar=True, batch_size=rows)
-        sampled = totals["sampled_tokens"].clamp(min=1)
-        self.log("rollout/logprob_diff_mean", totals["gap_sum"] / sampled, batch_size=rows)
-        self.log("rollout/logprob_diff_max", totals["gap_max"], batch_size=rows)
-        self.log("train/entropy", totals["entropy_sum"] / sampled, batch_size=rows)
+        sampled = totals.get("sampled_tokens", zero).clamp(min=1)
+        self.log("rollout/logprob_diff_mean", totals.get("gap_sum", zero) / sampled, batch_size=rows)
+        self.log("rollout/logprob_diff_max", totals.get("gap_max", zero), batch_size=rows)
+        self.log("train/entropy", totals.get("entropy_sum", zero) / sampled, batch_size=rows)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=rows)
+
+
+SUMMED_STATISTICS = (
+    "clip_fraction",
+    "dual_clip_fraction",
+    "ratio_mean",
+    "approx_kl",
+    "ref_kl",
+    "tokens",
+    "pg_loss",
+    "kl_loss",
+    "loss",
+    "sampled_tokens",
+    "gap_sum",
+    "entropy_sum",
+)
+"""Step statistics that add up over data-parallel ranks (token-weighted sums and loss shares)."""
 
 
 def rows_that_train(advantages: torch.Tensor, row_mask: torch.Tensor, kl_coef: float) -> list[int]:
@@ -350,11 +464,17 @@ def micro_batches(rows: list[int], micro_batch_rows: int | None) -> list[list[in
     return [rows[start : start + size] for start in range(0, len(rows), size)]
 
 
-def loss_normalizers(mask: torch.Tensor, aggregation: str) -> dict[str, float]:
-    """Whole-rollout token or sequence count, so micro-batch losses add up to the full-batch loss."""
+def loss_normalizers(
+    mask: torch.Tensor, aggregation: str, total: Callable[[torch.Tensor], torch.Tensor] = lambda count: count
+) -> dict[str, float]:
+    """Whole-rollout token or sequence count, so micro-batch losses add up to the full-batch loss.
+
+    ``total`` sums a count over the data-parallel ranks (sharded training), so that each rank's
+    loss is its share of the whole batch's.
+    """
     if aggregation == "token_mean":
-        return {"token_count_normalizer": float(mask.bool().sum())}
-    return {"seq_count_normalizer": float((mask.bool().sum(dim=-1) > 0).sum())}
+        return {"token_count_normalizer": float(total(mask.bool().sum().float()))}
+    return {"seq_count_normalizer": float(total((mask.bool().sum(dim=-1) > 0).sum().float()))}
 
 
 def gap_statistics(

@@ -18,7 +18,7 @@ class SFTModule(VLMModule):
     """
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor | None:
-        loss = self.token_mean_loss(batch)
+        loss = self.token_loss_share(batch)
         batch_size = batch["input_ids"].shape[0]
         # Every rank must take the same decision (a rank that skips would leave the others
         # waiting in the gradient all-reduce).
@@ -28,7 +28,8 @@ class SFTModule(VLMModule):
             self.skip_nonfinite_update("loss")
             return None  # Lightning skips the backward pass and the optimizer step
         self.note_finite_update()
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        # (A share per rank when the model is sharded: the logged loss is the whole batch's.)
+        self.log("train/loss", self.sum_over_data(loss.detach()), prog_bar=True, batch_size=batch_size)
         self.log("train/target_tokens", (batch["labels"] != -100).sum().float(), batch_size=batch_size)
         # The optimizer step this batch makes (Lightning's logger "step" can run one ahead after a resume).
         self.log("train/global_step", float(self.global_step), batch_size=batch_size)

@@ -25,3 +25,21 @@ def encode_videos(
     )
     output = inner.get_video_features(pixels, video_grid_thw, return_dict=True)
     return list(output.pooler_output)
+
+
+def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The language model's decoder layers (``model.model.language_model.layers`` for Qwen-VL)."""
+    inner = getattr(model, "model", model)
+    language = getattr(inner, "language_model", inner)
+    layers = getattr(language, "layers", None)
+    if layers is None:
+        raise AttributeError(f"cannot find the decoder layers of {type(model).__name__}")
+    return list(layers)
+
+
+def drop_vision_tower(model: torch.nn.Module) -> None:
+    """Remove the vision tower of a model that only ever sees cached video embeddings (the
+    frozen reference): its weights would take memory for nothing."""
+    inner = getattr(model, "model", model)
+    vision_tower(model)  # raises if there is none
+    inner.visual = None

@@ -12,12 +12,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
+from torch.distributed.device_mesh import DeviceMesh
 
 from core.failures import NonFiniteUpdates
 from core.layout import PositionRule
@@ -31,16 +35,20 @@ from evaluation.evaluator import (
     validation_printout,
     write_predictions,
 )
+from models.export import save_hf_model
 from models.loading import load_model, load_processor
-from models.vision import encode_videos, vision_tower
-from parallel.contract import AttentionHeads
+from models.vision import decoder_blocks, encode_videos, vision_tower
+from parallel.contract import AttentionHeads, ShardingStrategy
 from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
+from parallel.sharding import ShardingLayout, ShardingSettings, gathered, run_sharded, shard_model
 from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> list[RolloutRequest]:
@@ -131,6 +139,13 @@ class VLMModule(L.LightningModule):
         self.nonfinite_skipped = 0
         """Updates skipped so far for a non-finite loss or gradient norm."""
         self._consecutive_nonfinite = 0
+        self.data_parallel_group: dist.ProcessGroup | None = None
+        """Set when the strategy shards the model: the ranks whose losses add up to the batch's."""
+        # The FSDP root the model's work runs in (None: not sharded); kept out of the module tree
+        # (it holds the model, whose parameters are already the module's).
+        object.__setattr__(self, "_scope", None)
+        self._gathered_depth = 0
+        self._validation_gathering = ExitStack()
 
     # -- model -------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -148,6 +163,67 @@ class VLMModule(L.LightningModule):
             vision_tower(self.model).requires_grad_(False)
         if self.hparams.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    # -- sharding (parallel.contract.ShardableModule) -----------------------------------------
+    def sharding_layout(self, model: torch.nn.Module) -> ShardingLayout:
+        """One FSDP unit per decoder block; a frozen vision tower whole on every rank (a trainable
+        one is sharded with the root: gathered for each forward of the whole model)."""
+        tower = vision_tower(model)
+        frozen = not any(p.requires_grad for p in tower.parameters())
+        return ShardingLayout(model, decoder_blocks(model), kept_whole=(tower,) if frozen else ())
+
+    def shard(
+        self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
+    ) -> None:
+        assert self.model is not None
+        tower = vision_tower(self.model)
+        if not any(p.requires_grad for p in tower.parameters()):
+            # Frozen and whole on every rank: it needs no master copy, so it is kept in the
+            # dtype the blocks compute in.
+            tower.to(getattr(torch, settings.param_dtype))
+        object.__setattr__(self, "_scope", shard_model(self.sharding_layout(self.model), mesh, settings))
+        self.data_parallel_group = data_parallel_group
+
+    @property
+    def sharded(self) -> bool:
+        return self._scope is not None
+
+    def run_model(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (which calls ``self.model``) inside the sharded model's root unit, if sharded.
+
+        Every forward of the policy goes through here, on every rank the same number of times."""
+        return run_sharded(self._scope, work)
+
+    @contextmanager
+    def gathered_model(self) -> Iterator[torch.nn.Module]:
+        """The whole model for work whose amount differs across ranks (generation); see
+        :func:`parallel.sharding.gathered`."""
+        assert self.model is not None
+        if self._scope is None or self._gathered_depth:
+            yield self.model
+            return
+        self._gathered_depth += 1
+        try:
+            with gathered(self._scope) as model:
+                yield model
+        finally:
+            self._gathered_depth -= 1
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the policy scores in: the model's, or the sharded blocks' compute dtype."""
+        trainer = self._trainer
+        if trainer is not None and isinstance(trainer.strategy, ShardingStrategy):
+            return trainer.strategy.sharding_settings.param_dtype
+        return str(self.hparams.dtype)
+
+    def sum_over_data(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the data-parallel ranks (itself when the model is not sharded)."""
+        if self.data_parallel_group is None or dist.get_world_size(self.data_parallel_group) == 1:
+            return value
+        total = value.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.data_parallel_group)
+        return total
 
     @property
     def processor(self) -> Any:
@@ -191,16 +267,22 @@ class VLMModule(L.LightningModule):
             tokens_per_second=rule.tokens_per_second,
         )
 
-    def forward_logits(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Logits of the teacher-forcing layout (prompt + target)."""
+    def forward_logits(self, batch: dict[str, Any], logits_to_keep: int = 0) -> torch.Tensor:
+        """Logits of the teacher-forcing layout (prompt + target): every position, or the last
+        ``logits_to_keep``."""
         assert self.model is not None
-        out = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=self.position_ids(batch),
-            pixel_values_videos=batch["pixel_values_videos"],
-            video_grid_thw=batch["video_grid_thw"],
-            use_cache=False,
+        model = self.model
+        positions = self.position_ids(batch)
+        out = self.run_model(
+            lambda: model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=positions,
+                pixel_values_videos=batch["pixel_values_videos"],
+                video_grid_thw=batch["video_grid_thw"],
+                use_cache=False,
+                logits_to_keep=logits_to_keep,
+            )
         )
         return out.logits
 
@@ -275,14 +357,15 @@ class VLMModule(L.LightningModule):
         the RL stage will (HF ``generate`` would use transformers' own, different rule).
         """
         assert self.model is not None
-        engine = TransformersEngine.for_model(self.model, self.processor.tokenizer)
-        videos = encode_videos(self.model, batch["pixel_values_videos"], batch["video_grid_thw"])
-        requests = validation_requests(batch, videos)
         if sampling is None:
             sampling = SamplingConfig(
                 n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
             )
-        return [[c.text for c in result.completions] for result in engine.generate(requests, sampling)]
+        with self.gathered_model() as model:  # ranks decode different numbers of tokens
+            engine = TransformersEngine.for_model(model, self.processor.tokenizer)
+            videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
+            results = engine.generate(validation_requests(batch, videos), sampling)
+        return [[c.text for c in result.completions] for result in results]
 
     @property
     def val_results(self) -> list[ValidationResult]:
@@ -295,6 +378,9 @@ class VLMModule(L.LightningModule):
         return self.evaluator.last_scores
 
     def on_validation_epoch_start(self) -> None:
+        # Ranks may hold different numbers of validation batches and decode different lengths:
+        # a sharded model is gathered once for the whole validation (no collective inside).
+        self._validation_gathering.enter_context(self.gathered_model())
         self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -304,11 +390,30 @@ class VLMModule(L.LightningModule):
             size = len(batch["meta"])
             self.log("val/loss", loss, batch_size=size, sync_dist=True, add_dataloader_idx=False)
 
-    def token_mean_loss(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens."""
-        logits = self.forward_logits(batch)[:, :-1].float()
-        labels = batch["labels"][:, 1:]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    def token_mean_loss(self, batch: dict[str, Any], reduction: str = "mean") -> torch.Tensor:
+        """Cross-entropy of the labelled (assistant) tokens, averaged over those tokens (or summed).
+
+        Logits are computed only from the position before the batch's first label on: over a
+        long video prompt the full-vocabulary logits of every prompt position would be the
+        largest tensor of the step (e.g. ~80 GB for a 7B model at 512 frames).
+        """
+        labels = batch["labels"]
+        labelled = (labels[:, 1:] != -100).any(dim=0).nonzero()
+        first = int(labelled[0]) if len(labelled) else labels.shape[1] - 2  # first predicted position
+        logits = self.forward_logits(batch, logits_to_keep=labels.shape[1] - first)[:, :-1].float()
+        targets = labels[:, first + 1 :]
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+        )
+
+    def token_loss_share(self, batch: dict[str, Any]) -> torch.Tensor:
+        """The training loss: :meth:`token_mean_loss`, or with a sharded model this rank's share of
+        the mean over the labelled tokens of every data-parallel rank (gradients are summed over
+        the ranks, so they are the whole batch's mean's)."""
+        if self.data_parallel_group is None:
+            return self.token_mean_loss(batch)
+        tokens = self.sum_over_data((batch["labels"][:, 1:] != -100).sum().float())
+        return self.token_mean_loss(batch, reduction="sum") / tokens.clamp(min=1)
 
     def on_validation_epoch_end(self) -> None:
         datamodule = self.trainer.datamodule
@@ -327,16 +432,13 @@ class VLMModule(L.LightningModule):
         if self.trainer.state.fn == "validate" and not self.trainer.sanity_checking:
             for block in validation_printout(results, str(self.hparams.model_path)):
                 rank_zero_info(block)
+        self._validation_gathering.close()
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:
         """Write the current weights as a ``save_pretrained`` directory with the processor files."""
         assert self.model is not None
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out)
-        self.processor.save_pretrained(out)
-        return out
+        return save_hf_model(self.model, self.processor, out_dir)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Enough to rebuild the HF model from a checkpoint alone (see `lvrl model export`).

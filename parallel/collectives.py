@@ -1,10 +1,11 @@
-"""Small collectives shared by callbacks, rollouts and data modules."""
+"""Small collectives shared by callbacks, rollouts, data modules and sequence-parallel attention."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import torch
 import torch.distributed as dist
 
 Item = TypeVar("Item")
@@ -41,3 +42,30 @@ def share_out(
     for peer, share in enumerate(shares):
         results[peer::size] = share
     return results
+
+
+class _AllToAll(torch.autograd.Function):
+    """All-to-all of equally shaped chunks with autograd: backward sends each gradient back.
+
+    ``torch.distributed.nn.functional.all_to_all`` falls back, on gloo, to scatters whose source
+    is a group rank passed as a global one, which fails for a group that does not start at
+    global rank 0 (a sequence-parallel group of the second data-parallel replica).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, group: dist.ProcessGroup, *chunks: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        ctx.group = group
+        received = [torch.empty_like(c) for c in chunks]
+        dist.all_to_all(received, [c.contiguous() for c in chunks], group=group)
+        return tuple(received)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        returned = [torch.empty_like(g) for g in grads]
+        dist.all_to_all(returned, [g.contiguous() for g in grads], group=ctx.group)
+        return (None, *returned)
+
+
+def all_to_all(chunks: list[torch.Tensor], group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Chunk ``j`` of this rank goes to rank ``j`` of ``group``; returns the chunk each rank sent here."""
+    return list(_AllToAll.apply(group, *chunks))

@@ -3,20 +3,21 @@
 The strategy (:class:`~parallel.strategy.SequenceParallelStrategy`) knows no model class: it
 checks once, at setup, that the module is a :class:`SequenceParallelModule` (with a clear error
 when not), reads its attention heads and whether it splits sequences, and hands it the
-sequence axis. The module, in turn, finds the strategy's gradient reduction through
-:class:`GradientReducer` when it runs its own optimizer updates. Both are
-``runtime_checkable``, so ``isinstance`` checks that the members exist (not their types).
+sequence axis; then it has the module shard its model(s) (:class:`ShardableModule`), since
+only the module knows its blocks and which parts stay whole. Both are ``runtime_checkable``,
+so ``isinstance`` checks that the members exist (not their types).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from parallel.shard import SequenceShard
+from parallel.sharding import ShardingSettings
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,23 @@ class SequenceParallelModule(Protocol):
 
 
 @runtime_checkable
-class GradientReducer(Protocol):
-    """A strategy that reduces gradients itself, once per optimizer update (no DDP hooks)."""
+class ShardableModule(Protocol):
+    """A LightningModule whose model(s) the strategy can shard with FSDP2."""
 
-    def reduce_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Reduce the gradients of ``parameters`` over the ranks, in place."""
+    def shard(
+        self, mesh: DeviceMesh, settings: ShardingSettings, data_parallel_group: dist.ProcessGroup | None
+    ) -> None:
+        """Shard the model (and any frozen copy of it) over ``mesh`` with
+        :func:`parallel.sharding.shard_model`, and from now on normalise each rank's loss by
+        counts summed over ``data_parallel_group`` (gradients are summed over every rank)."""
         ...
+
+
+@runtime_checkable
+class ShardingStrategy(Protocol):
+    """A strategy that shards the module's model (what the module asks of it before setup)."""
+
+    sharding_settings: ShardingSettings
 
 
 def require_sequence_parallel_module(module: object, strategy: str) -> SequenceParallelModule:

@@ -6,7 +6,7 @@ locally; a second all-to-all returns the outputs to the sequence split. Communic
 layer is a constant multiple of the activations, independent of P (DeepSpeed-Ulysses,
 arXiv 2309.14509). Heads must divide by P; key/value heads that do not (grouped-query
 attention with fewer KV heads than ranks) are repeated up to the query heads first.
-Autograd flows through ``torch.distributed.nn.functional.all_to_all``. The local attention is
+Autograd flows through :func:`parallel.collectives.all_to_all`. The local attention is
 flash-attn's kernel on a CUDA device in half precision when flash-attn is installed, PyTorch
 SDPA otherwise.
 """
@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.nn.functional import all_to_all
 
+from parallel.collectives import all_to_all
 from parallel.packing import SHARED, visible
 from parallel.shard import SequenceShard
 
@@ -26,14 +26,14 @@ from parallel.shard import SequenceShard
 def _sequence_to_heads(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
     """``(B, heads, L/P, D)`` on each rank -> ``(B, heads/P, L, D)``: rank j gets head chunk j."""
     chunks = [c.contiguous() for c in x.chunk(shard.size, dim=1)]
-    received = all_to_all([torch.empty_like(chunks[0]) for _ in chunks], chunks, group=shard.group)
+    received = all_to_all(chunks, shard.group)
     return torch.cat(received, dim=2)  # received[j] is rank j's sequence slice: sequence order
 
 
 def _heads_to_sequence(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
     """The inverse: ``(B, heads/P, L, D)`` -> ``(B, heads, L/P, D)``."""
     chunks = [c.contiguous() for c in x.chunk(shard.size, dim=2)]
-    received = all_to_all([torch.empty_like(chunks[0]) for _ in chunks], chunks, group=shard.group)
+    received = all_to_all(chunks, shard.group)
     return torch.cat(received, dim=1)  # received[j] is head chunk j: head order
 
 

@@ -88,10 +88,21 @@ class PolicyHandle:
 
 
 class RolloutEngine(ABC):
-    """Samples completions for the trainer; one subclass per backend (vLLM, transformers)."""
+    """Samples completions for the trainer; one subclass per backend (vLLM, transformers).
+
+    The trainer's calls, per training step (:class:`callbacks.rl_rollout.RolloutCallback`)::
+
+        generate -> sleep -> [train] -> wake -> update_weights x buckets -> finish_weight_update
+
+    and the next step's ``generate`` follows; :meth:`start` leaves the engine awake.
+    """
 
     dtype: str | None = None
     """The dtype the engine computes in; None: the policy's own (it samples with the policy)."""
+
+    needs_weight_sync: bool = True
+    """False for an engine that samples with the policy module itself: nothing is gathered or
+    pushed after an update (:func:`rollout.weight_sync.sync_weights`)."""
 
     @abstractmethod
     def start(self, policy: PolicyHandle) -> None:
@@ -103,13 +114,33 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take new values for the named parameters (HF names; parameters not named keep theirs)."""
+        """Take new values for the named parameters (HF names; parameters not named keep theirs).
+
+        One bucket of a sync: called several times per sync (each :meth:`weight_group` whole in
+        one call), then :meth:`finish_weight_update` once. The tensors belong to the caller, who
+        frees them after the call: copy what must be kept.
+        """
+
+    def weight_group(self, name: str) -> str:
+        """The key of the layer parameter ``name`` loads into: parameters with the same key must
+        arrive in the same :meth:`update_weights` call. Each parameter alone by default."""
+        return name
+
+    def finish_weight_update(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
+        """After the last :meth:`update_weights` call of a sync: drop what was computed with the
+        old weights (cached prefixes, encoder outputs). Nothing by default."""
 
     def sleep(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
-        """Free what the engine can between rollouts (its KV cache); nothing by default."""
+        """Release the engine's device memory while the trainer trains (a colocated engine);
+        nothing by default.
+
+        Called after each rollout. The next call is :meth:`wake`, before the updated weights are
+        loaded (an engine cannot load weights into memory it has released).
+        """
 
     def wake(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
-        """Undo :meth:`sleep`."""
+        """Undo :meth:`sleep` far enough to load weights; the engine is fully awake again by the end
+        of the sync (:meth:`finish_weight_update`) or the next :meth:`generate`."""
 
     def shutdown(self) -> None:  # noqa: B027 (optional: most engines need nothing here)
         """Release the engine (best effort: also used on an engine that has failed)."""

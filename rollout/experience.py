@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -145,6 +146,11 @@ class RolloutConsumer(Protocol):
 
     def policy(self) -> PolicyHandle:
         """The policy an engine starts on."""
+        ...
+
+    def gathered_model(self) -> AbstractContextManager[torch.nn.Module]:
+        """The whole policy model for a block of work whose length differs across ranks (an
+        engine that samples with the live policy); itself when the model is not sharded."""
         ...
 
     def encode_videos(

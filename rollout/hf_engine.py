@@ -40,8 +40,11 @@ def _sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gen
 class TransformersEngine(RolloutEngine):
     """Samples completions with a HF VLM, batched over the G completions of one prompt.
 
-    No settings: it samples with the policy itself, on the policy's device and dtype.
+    No settings: it samples with the policy itself, on the policy's device and dtype (so no
+    weights are gathered or pushed after an update, and it has nothing to put to sleep).
     """
+
+    needs_weight_sync = False
 
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None

@@ -1,10 +1,14 @@
 """Keeping a rollout engine answering: a time limit per rollout, and one restart on failure.
 
 An engine that raises during a rollout (a crashed worker, a lost device) is shut down, started
-again on the current policy with the current weights, and the rollout retried once; a second
-failure, or a rollout that outlives ``timeout_s`` (an in-process engine that hangs cannot be
-recovered in place), raises :class:`~core.failures.RolloutFailed`, which stops training with a
-checkpoint.
+again on the current policy with the current weights (streamed in buckets like every sync), and
+the rollout retried once; a second failure, or a rollout that outlives ``timeout_s`` (an
+in-process engine that hangs cannot be recovered in place), raises
+:class:`~core.failures.RolloutFailed`, which stops training with a checkpoint.
+
+Under FSDP2 the sync gathers every parameter with a collective, so a restarted engine gets its
+weights only if every rank syncs with it: an engine that fails on some ranks only is not yet
+recovered in place (the other ranks are not in the gathers).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 
 from core.failures import RolloutFailed
 from rollout.base import PolicyHandle, RolloutEngine
+from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, SyncReport, sync_weights
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +36,12 @@ class EngineSupervisor:
     Args:
         engine: the engine (not started yet).
         policy: returns the policy to (re)start the engine on.
-        weights: returns the named tensors to push after a (re)start and after each update:
-            the trainable parameters (the engine loaded the frozen ones from ``model_path``).
+        weights: returns the named parameters to push after a (re)start and after each update:
+            the trainable ones (the engine loaded the frozen ones from ``model_path``), plain
+            tensors or DTensor shards, in the same order on every rank.
         timeout_s: longest a rollout may take; None: no limit.
+        bucket_bytes: the most bytes of gathered weights handed to the engine at once
+            (:func:`rollout.weight_sync.sync_weights`).
     """
 
     def __init__(
@@ -42,23 +50,32 @@ class EngineSupervisor:
         policy: Callable[[], PolicyHandle],
         weights: Callable[[], Iterable[tuple[str, torch.Tensor]]],
         timeout_s: float | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_MB * MIB,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"rollout_timeout_s={timeout_s} must be positive or null")
+        if bucket_bytes <= 0:
+            raise ValueError(f"the weight-sync bucket must be positive, got {bucket_bytes} bytes")
         self.engine = engine
         self.policy = policy
         self.weights = weights
         self.timeout_s = timeout_s
+        self.bucket_bytes = bucket_bytes
         self.restarts = 0
         """Engines restarted after a failed rollout."""
+        self.last_sync = SyncReport()
+        """What the latest weight sync moved and held."""
 
     def start(self, *, sync_weights: bool) -> None:
+        """Start the engine on the policy (awake), then push the current weights if asked."""
         self.engine.start(self.policy())
         if sync_weights:
             self.sync_weights()
 
-    def sync_weights(self) -> None:
-        self.engine.update_weights(self.weights())
+    def sync_weights(self) -> SyncReport:
+        """Stream the current weights into the (awake) engine, bucket by bucket."""
+        self.last_sync = sync_weights(self.engine, self.weights(), self.bucket_bytes)
+        return self.last_sync
 
     def restart(self) -> None:
         try:

@@ -9,7 +9,15 @@ Facts this relies on (vLLM 0.32, measured; see ../shared/ENVIRONMENT.md):
   model's own distribution, which is what the trainer computes.
 - Live weight update: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})``,
   then reset the prefix cache and the encoder cache (without the encoder-cache reset the next
-  request on the same video killed the engine).
+  request on the same video killed the engine). ``reload_weights`` takes part of the weights
+  per call, provided each fused layer (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``:
+  the model's ``packed_modules_mapping``) arrives whole in one call: a layer split across calls
+  is rebuilt from uninitialised memory (its log-probs became NaN).
+- Sleep mode is GPU-only, so on CPU :meth:`VLLMEngine.sleep` and :meth:`VLLMEngine.wake` do
+  nothing (not measured on a GPU yet; from vLLM's documentation): level 1 offloads the weights
+  to CPU memory and drops the KV cache, and ``wake_up(tags)`` brings back "weights" and
+  "kv_cache" separately. Level 2 (weights dropped) would not do: only the trainable weights
+  are pushed back, the frozen vision tower is not.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 
 from core.rng import rng_states, set_rng_states
 from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.weight_sync import fused_module_key
 
 if TYPE_CHECKING:
     from rollout.base import PolicyHandle
@@ -32,6 +41,8 @@ log = logging.getLogger(__name__)
 # In-process engine: starts in ~3 s instead of ~16 s and shares the trainer's memory space,
 # which `weights_iterator` updates need. The CPU build also needs an explicit KV-cache size.
 CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# What sleep level 1 releases, woken separately: the weights before a sync, the KV cache after it.
+SLEEP_TAGS = ("weights", "kv_cache")
 
 
 class VLLMEngine(RolloutEngine):
@@ -42,7 +53,9 @@ class VLLMEngine(RolloutEngine):
         max_model_len: longest prompt + completion, in tokens.
         max_num_seqs: sequences decoded together.
         gpu_memory_utilization: GPU share for weights + KV cache (ignored on CPU).
-        enable_sleep_mode: free the KV cache between rollouts (GPU only).
+        enable_sleep_mode: between rollouts, offload the weights to CPU memory and drop the KV
+            cache (vLLM's sleep level 1), leaving the GPU to training (GPU only: on CPU vLLM has
+            no sleep mode and sleep/wake do nothing).
         seed: engine seed.
     """
 
@@ -70,6 +83,9 @@ class VLLMEngine(RolloutEngine):
         self.sleep_supported = False
         self.per_request_seed = False
         self._in_process = False
+        self.packed_modules: dict[str, list[str]] = {}
+        self.asleep: set[str] = set()
+        """The sleep tags (``SLEEP_TAGS``) not woken yet."""
 
     def start(self, policy: PolicyHandle) -> None:
         on_gpu = torch.cuda.is_available()
@@ -97,6 +113,16 @@ class VLLMEngine(RolloutEngine):
             **(self.gpu_args if on_gpu else {}),
         )
         set_rng_states(caller_rng)
+        self.asleep = set()
+        self.packed_modules = self._packed_modules()
+
+    def _packed_modules(self) -> dict[str, list[str]]:
+        """vLLM's fused layers for this model, each with the HF modules it packs (the class that
+        vLLM's loader resolves for the model's config; read here, not in the workers)."""
+        from vllm.model_executor.model_loader.utils import get_model_cls
+
+        mapping = getattr(get_model_cls(self.llm.llm_engine.model_config), "packed_modules_mapping", {})
+        return {fused: list(parts) for fused, parts in mapping.items()}
 
     @staticmethod
     def _prompt(request: RolloutRequest) -> dict[str, Any]:
@@ -116,6 +142,9 @@ class VLLMEngine(RolloutEngine):
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
         from vllm import SamplingParams
 
+        if self.asleep:  # woken without a sync in between
+            self.llm.wake_up(sorted(self.asleep))
+            self.asleep.clear()
         params = SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
@@ -156,11 +185,22 @@ class VLLMEngine(RolloutEngine):
             results.append(RolloutResult(completions))
         return results
 
+    def weight_group(self, name: str) -> str:
+        """The vLLM layer ``name`` loads into: q/k/v and gate/up projections share one."""
+        return fused_module_key(name, self.packed_modules)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new policy weights (HF parameter names) into the running engine."""
+        """Load new policy weights (HF parameter names, whole fused layers) into the engine;
+        :meth:`finish_weight_update` after the last call of a sync."""
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        # Cached prefixes and encoder outputs were computed with the old weights.
+
+    def finish_weight_update(self) -> None:
+        """Wake the KV cache (left asleep during the sync, so the sync has its memory) and drop
+        the cached prefixes and encoder outputs, computed with the old weights."""
+        if "kv_cache" in self.asleep:
+            self.llm.wake_up(["kv_cache"])
+            self.asleep.discard("kv_cache")
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
 
@@ -173,9 +213,15 @@ class VLLMEngine(RolloutEngine):
             core.shutdown()
 
     def sleep(self) -> None:
-        if self.sleep_supported:
+        """Offload the weights to CPU memory and drop the KV cache (GPU with
+        ``enable_sleep_mode``; nothing otherwise)."""
+        if self.sleep_supported and not self.asleep:
             self.llm.sleep(level=1)
+            self.asleep = set(SLEEP_TAGS)
 
     def wake(self) -> None:
-        if self.sleep_supported:
-            self.llm.wake_up()
+        """Bring the weights back, so that the sync can load into them; the KV cache follows at
+        :meth:`finish_weight_update` (or the next :meth:`generate`)."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(["weights"])
+            self.asleep.discard("weights")

@@ -33,8 +33,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # whole files to two workers in collection order (--no-loadscope-reorder): starting these first
 # keeps one worker from running the longest file alone at the end.
 LONGEST_FILES = (
+    "tests/distributed/test_sharded_training.py",
     "tests/e2e/test_resume.py",
+    "tests/e2e/test_sharded_resume.py",
     "tests/e2e/test_grpo_sp_cli.py",
+    "tests/distributed/test_sharded_weights.py",
     "tests/distributed/test_sequence_parallel.py",
     "tests/e2e/test_failures.py",
     "tests/distributed/test_data_split.py",

@@ -62,7 +62,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     export.add_argument(
-        "--ckpt", type=Path, required=True, help="checkpoint file, e.g. runs/x/checkpoints/last.ckpt"
+        "--ckpt",
+        type=Path,
+        required=True,
+        help="checkpoint, e.g. runs/x/checkpoints/last.ckpt (a file, or the folder of a sharded one)",
     )
     export.add_argument("--out", type=Path, required=True, help="output directory")
     export.add_argument(
@@ -76,9 +79,9 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run_export(args: argparse.Namespace) -> None:
     """Handler of ``lvrl model export``."""
-    from models.export import export_checkpoint
+    from models.export import SHARDED_METADATA, export_checkpoint
 
-    if not args.ckpt.is_file():
+    if not (args.ckpt.is_file() or (args.ckpt / SHARDED_METADATA).is_file()):
         raise SystemExit(f"lvrl model export: error: checkpoint {args.ckpt} does not exist")
     out = export_checkpoint(args.ckpt, args.out, args.model_path)
     print(f"exported {args.ckpt} to {out}")

@@ -4,7 +4,9 @@
 - the trainer's log-probs of the sampled tokens (same layout, same positions, cached
   embeddings) equal the engine's up to float32 rounding;
 - after a weight sync the engine samples from the new weights: its log-probs equal the
-  trainer's new log-probs and differ from the old ones.
+  trainer's new log-probs and differ from the old ones;
+- a sync in many small buckets (each fused vLLM layer whole in one) leaves the engine exactly
+  where one whole-model sync does: the same samples, bit-identical log-probs.
 
 Tolerances: vLLM's CPU kernels (its attention, fused norms, another matmul blocking) and the
 trainer's Hugging Face forward compute the same float32 values with reductions in other
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers.tolerances import FORWARD_ULPS, assert_float32_close
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
@@ -32,6 +34,7 @@ from models.logprobs import completion_logprobs
 from models.vision import encode_videos
 from rollout.base import PolicyHandle, RolloutRequest, RolloutResult, SamplingConfig
 from rollout.vllm_engine import VLLMEngine
+from rollout.weight_sync import sync_weights
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (16, 56, 56, 3), dtype=np.uint8)
 # 16 frames sampled at 2 fps from a 16-frame clip: one temporal patch (2 frames) spans 1 s.
@@ -149,6 +152,7 @@ def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
     # Only the changed (trainable) parameters are pushed; the vision tower keeps what vLLM loaded.
     assert not any("visual" in name for name, _ in changed)
     engine.update_weights(changed)
+    engine.finish_weight_update()
     (result,) = engine.generate([request], SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=5))
     new_scores, mask = _trainer_logprobs(new_model, processor, result, request)
     old_scores, _ = _trainer_logprobs(model, processor, result, request)
@@ -164,6 +168,41 @@ def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
     # The 0.05 perturbation moves log-probs by O(0.1); 1e-2 is ~50x the bar above, so "differs"
     # cannot be rounding.
     assert (old_scores[valid] - engine_logprobs[valid]).abs().max().item() > 1e-2
+
+
+def test_a_bucketed_sync_moves_the_engine_exactly_as_a_whole_sync(setup) -> None:
+    _, model, _, request, engine = setup
+    new_model = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in new_model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+
+    def language_model(policy: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+        return [(n, p) for n, p in policy.named_parameters() if "visual" not in n]
+
+    sampling = SamplingConfig(n=3, temperature=1.0, max_new_tokens=12, seed=7)
+    # The rollout callback's order; vLLM has no sleep mode on CPU, so nothing is released here.
+    engine.sleep()
+    engine.wake()
+    assert not engine.sleep_supported and not engine.asleep
+    whole_model = 2**40
+    after = {}
+    for bucket_bytes in (whole_model, 16 * 2**10):
+        sync_weights(engine, language_model(model), whole_model)  # the same start either way
+        report = sync_weights(engine, language_model(new_model), bucket_bytes)
+        (result,) = engine.generate([request], sampling)
+        after[bucket_bytes] = (report, result)
+    (whole, whole_result), (bucketed, bucketed_result) = after.values()
+    # 16 KiB is less than any linear layer: about one vLLM layer per call (q/k/v together), 12 calls.
+    assert whole.buckets == 1 and bucketed.buckets >= 10
+    assert bucketed.bytes_sent == whole.bytes_sent
+    for a, b in zip(whole_result.completions, bucketed_result.completions, strict=True):
+        assert a.token_ids == b.token_ids
+        assert_identical(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), reason="same weights, seed and caches reset"
+        )
+    sync_weights(engine, language_model(model))  # leave the engine on the shared model
 
 
 def test_transformers_engine_agrees_with_vllm(setup, tiny_model_dir: Path) -> None:

@@ -26,7 +26,7 @@ class StepRecorder(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._keys = [m["key"] for m in batch["meta"]]
         self._stream = [list(m["stream"]) for m in batch["meta"]]
-        rollout = batch.get("rollout")
+        rollout = getattr(pl_module, "pending_rollouts", None)  # GRPO, after the rollout callback
         # The engine's log-probs of the sampled tokens: equal only if the same tokens were sampled.
         self._rollout = None if rollout is None else float(rollout.old_logprobs.double().sum())
 
@@ -45,7 +45,9 @@ class StepRecorder(L.Callback):
             "reward": float(reward) if reward is not None else None,
             "rollout_logprob_sum": self._rollout,
         }
-        with open(self.out, "a") as f:
+        # One file per rank (ranks train on different samples): steps.jsonl, steps.jsonl.rank1, ...
+        out = self.out if trainer.global_rank == 0 else f"{self.out}.rank{trainer.global_rank}"
+        with open(out, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -11,8 +11,9 @@ from lightning.pytorch.strategies import DDPStrategy
 from models.vlm_module import VLMModule
 from parallel.contract import (
     AttentionHeads,
-    GradientReducer,
     SequenceParallelModule,
+    ShardableModule,
+    ShardingStrategy,
     require_sequence_parallel_module,
 )
 from parallel.strategy import SequenceParallelStrategy
@@ -39,9 +40,11 @@ def test_a_module_without_the_contract_is_refused_by_name() -> None:
         require_sequence_parallel_module(module, "SequenceParallelStrategy")
 
 
-def test_only_the_sequence_parallel_strategy_reduces_gradients_itself() -> None:
-    assert isinstance(SequenceParallelStrategy(sequence_parallel_size=1), GradientReducer)
-    assert not isinstance(DDPStrategy(), GradientReducer)  # DDP's hooks reduce in backward
+def test_the_strategy_shards_and_the_module_can_be_sharded(tiny_model_dir) -> None:
+    assert isinstance(SequenceParallelStrategy(sequence_parallel_size=1), ShardingStrategy)
+    assert not isinstance(DDPStrategy(), ShardingStrategy)  # replicates; the module stays whole
+    assert isinstance(VLMModule(str(tiny_model_dir)), ShardableModule)
+    assert not isinstance(LightningModule(), ShardableModule)
 
 
 def test_training_a_module_that_does_not_split_sequences_is_refused(tiny_model_dir) -> None:

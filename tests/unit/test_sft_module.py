@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tolerances import FORWARD_ULPS, assert_float32_close
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoConfig, AutoProcessor
 
 from core.layout import PositionRule
@@ -110,3 +110,18 @@ def test_sft_forward_scores_like_the_rl_scorer(tiny_model_dir: Path, batch: dict
             ulps=FORWARD_ULPS,
             reason=f"row {row}: RL scorer vs SFT teacher forcing",
         )
+
+
+def test_the_loss_computes_logits_only_where_labels_are_predicted(tiny_model_dir: Path, batch: dict) -> None:
+    """Logits from the position before the first label on (a long prompt's would dominate
+    memory), and the same loss as from every position's logits, to the bit: the kept positions'
+    logits are the same products of the same hidden states."""
+    module = SFTModule(str(tiny_model_dir))
+    module.configure_model()
+    first_label = int((batch["labels"] != -100).any(dim=0).nonzero()[0])
+    assert first_label > batch["input_ids"].shape[1] // 2  # the prompt is most of the row
+    logits = module.forward_logits(batch)[:, :-1].float()
+    every_position = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1)
+    )
+    assert_identical(module.token_mean_loss(batch), every_position, reason="kept logits vs every position's")

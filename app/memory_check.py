@@ -1,0 +1,350 @@
+"""A run config as the memory planner sees it, and the start-up check that refuses what cannot fit.
+
+:func:`run_settings` reads the keys that decide memory from a ``lvrl fit`` config (a YAML
+file's dict, or the dict LightningCLI parsed). A key the YAML leaves out takes its class's
+default, listed in :data:`DEFAULTS` (a unit test keeps them equal to the classes' signatures).
+:func:`memory_problem` is the check ``lvrl fit`` runs before anything is loaded on a CUDA
+GPU: it returns the reason to refuse, with the plan's suggestions, or None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from models.architectures import (
+    PUBLISHED_CONFIGS,
+    UnknownArchitecture,
+    architecture_from_config,
+    published_architecture,
+)
+from parallel.memory_advice import combined_changes, suggestions
+from parallel.memory_plan import (
+    GIB,
+    Architecture,
+    Device,
+    EngineSettings,
+    MemoryPlan,
+    RunSettings,
+    format_gib,
+    plan_memory,
+)
+
+SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
+ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
+VLLM_ENGINE = "rollout.vllm_engine.VLLMEngine"
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "strategy": {
+        "sequence_parallel_size": 2,
+        "sequence_parallel_attention": "ulysses",
+        "sharding": "full",
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "float32",
+        "cpu_offload": False,
+        "check_memory_plan": True,
+    },
+    "module": {"dtype": "float32", "freeze_vision": False, "gradient_checkpointing": False},
+    "grpo": {
+        "freeze_vision": True,
+        "micro_batch_rows": None,
+        "kl_coef": 0.0,
+        "share_prompt_prefix": True,
+        "reference_placement": "sharded",
+    },
+    "data": {
+        "num_frames": 64,
+        "max_pixels_per_frame": 128 * 28 * 28,
+        "batch_size": 4,
+        "max_prompt_tokens": 4096,
+        "max_target_tokens": 4096,
+    },
+    "rollout": {"num_generations": 8, "max_new_tokens": 256},
+    "engine": {
+        "dtype": "float32",
+        "max_model_len": 4096,
+        "max_num_seqs": 64,
+        "gpu_memory_utilization": 0.4,
+        "enable_sleep_mode": False,
+    },
+}
+"""Defaults of the keys the planner reads, per class (strategy, VLMModule, GRPOModule's own,
+the DataModule, RolloutCallback, VLLMEngine)."""
+
+UNBOUNDED_TEXT_TOKENS = 1024
+"""Text tokens assumed for a prompt when ``data.max_prompt_tokens`` is null (no bound)."""
+UNBOUNDED_TARGET_TOKENS = 4096
+"""Target tokens assumed for SFT when ``data.max_target_tokens`` is null."""
+
+
+class PlanInputError(ValueError):
+    """The config (with the command-line overrides) does not say enough to plan."""
+
+
+def _class_path(spec: Any) -> str:
+    return spec.get("class_path", "") if isinstance(spec, dict) else str(spec or "")
+
+
+def _init_args(spec: Any) -> dict[str, Any]:
+    return dict(spec.get("init_args") or {}) if isinstance(spec, dict) else {}
+
+
+def _devices(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, list):
+        return len(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None  # "auto", -1: only the machine knows
+
+
+def run_settings(
+    config: dict[str, Any],
+    gpus: int | None = None,
+    nodes: int | None = None,
+    text_tokens: int | None = None,
+) -> RunSettings:
+    """The :class:`RunSettings` of a ``lvrl fit`` config; ``gpus`` (per node) and ``nodes``
+    override ``trainer.devices`` and ``trainer.num_nodes``, ``text_tokens`` the prompt's text
+    bound (``data.max_prompt_tokens``)."""
+    trainer = config.get("trainer") or {}
+    model, data = config.get("model") or {}, config.get("data") or {}
+    devices = gpus if gpus is not None else _devices(trainer.get("devices"))
+    if devices is None:
+        raise PlanInputError(
+            f"trainer.devices is {trainer.get('devices')!r}: pass --gpus N (GPUs per node) to plan"
+        )
+    num_nodes = nodes if nodes is not None else int(trainer.get("num_nodes") or 1)
+    kind = "grpo" if _class_path(model).endswith("GRPOModule") else "sft"
+    module = {**DEFAULTS["module"], **(DEFAULTS["grpo"] if kind == "grpo" else {}), **_init_args(model)}
+    data_args = {**DEFAULTS["data"], **_init_args(data)}
+    strategy = trainer.get("strategy")
+    precision = str(trainer.get("precision") or "32-true")
+    # "-true" precisions convert the module, master weights included; "-mixed" ones compute in half.
+    half = "bfloat16" if precision.startswith("bf16") else "float16" if precision.startswith("16") else None
+    master = half if half and precision.endswith("-true") else module["dtype"]
+    if _class_path(strategy) == SEQUENCE_PARALLEL_STRATEGY:
+        args = {**DEFAULTS["strategy"], **_init_args(strategy)}
+        layout = {
+            "sequence_parallel_size": int(args["sequence_parallel_size"]),
+            "sequence_parallel_attention": args["sequence_parallel_attention"],
+            "sharding": args["sharding"],
+            "param_dtype": master if master != "float32" else args["param_dtype"],
+            "reduce_dtype": args["reduce_dtype"],
+            "cpu_offload": bool(args["cpu_offload"]),
+        }
+    else:  # DDP or a single device: every rank holds everything
+        compute = half or master
+        layout = {"sharding": "replicated", "param_dtype": compute, "reduce_dtype": master}
+    rollout = next((c for c in trainer.get("callbacks") or [] if _class_path(c) == ROLLOUT_CALLBACK), None)
+    rollout_args = {**DEFAULTS["rollout"], **_init_args(rollout)}
+    engine = _engine_settings(rollout_args.get("engine")) if kind == "grpo" else None
+    max_prompt = data_args["max_prompt_tokens"]
+    text = text_tokens if text_tokens is not None else (max_prompt or UNBOUNDED_TEXT_TOKENS)
+    if kind == "grpo":
+        completion = int(rollout_args["max_new_tokens"])
+    else:
+        completion = int(data_args["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS)
+    size = layout.get("sequence_parallel_size", 1)
+    reference = "none"
+    if kind == "grpo" and float(module["kl_coef"]) > 0:
+        reference = "cpu" if module["reference_placement"] == "cpu" else "sharded"
+    return RunSettings(
+        kind=kind,
+        world_size=devices * num_nodes,
+        devices_per_node=devices,
+        num_frames=int(data_args["num_frames"]),
+        max_pixels_per_frame=int(data_args["max_pixels_per_frame"]),
+        text_tokens=int(text),
+        completion_tokens=completion,
+        master_dtype=master,
+        freeze_vision=bool(module["freeze_vision"]),
+        gradient_checkpointing=bool(module["gradient_checkpointing"]),
+        reference=reference,
+        micro_batch_rows=module.get("micro_batch_rows"),
+        batch_size=int(data_args["batch_size"]),
+        num_generations=int(rollout_args["num_generations"]),
+        # Today sequence-parallel rows are forwarded whole (parallel.prefill); only one-rank
+        # scoring shares the prompt pass.
+        # The policy pass does not share through checkpointed layers (models.grpo).
+        shared_prompt_pass=kind == "grpo"
+        and bool(module.get("share_prompt_prefix"))
+        and size == 1
+        and not bool(module["gradient_checkpointing"]),
+        # The sharded strategy keeps a frozen tower in the compute dtype (models.vlm_module.shard).
+        frozen_vision_dtype=layout["param_dtype"] if "sequence_parallel_size" in layout else None,
+        engine=engine,
+        **layout,
+    )
+
+
+def _engine_settings(spec: Any) -> EngineSettings | None:
+    """The vLLM engine's settings; None for an engine that holds no GPU memory of its own
+    (the transformers engine generates with the policy itself)."""
+    if spec is not None and _class_path(spec) != VLLM_ENGINE:
+        return None
+    args = {**DEFAULTS["engine"], **_init_args(spec)}
+    return EngineSettings(
+        dtype=args["dtype"],
+        gpu_memory_utilization=float(args["gpu_memory_utilization"]),
+        max_model_len=int(args["max_model_len"]),
+        max_num_seqs=int(args["max_num_seqs"]),
+        sleep_mode=bool(args["enable_sleep_mode"]),
+    )
+
+
+def model_config_file(config: dict[str, Any]) -> Path | None:
+    """The ``config.json`` of the config's ``model_path``, if it is on this machine."""
+    path = _init_args(config.get("model")).get("model_path")
+    if not path:
+        return None
+    file = Path(str(path)).expanduser() / "config.json"
+    return file if file.is_file() else None
+
+
+def architecture_for(config: dict[str, Any], name: str | None = None) -> Architecture:
+    """The model's sizes: from ``name`` (a built-in published config) when given, else from the
+    ``model_path``'s ``config.json``; an error that lists the built-in names when neither exists."""
+    if name:
+        return published_architecture(name)
+    file = model_config_file(config)
+    if file is None:
+        path = _init_args(config.get("model")).get("model_path")
+        raise UnknownArchitecture(
+            f"model.init_args.model_path {path!r} has no config.json here: pass --architecture NAME "
+            f"(built-in: {', '.join(sorted(PUBLISHED_CONFIGS))})"
+        )
+    return architecture_from_config(json.loads(file.read_text()), str(file.parent))
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gib|gb|g|mib|mb|m|b)?\s*$", re.IGNORECASE)
+
+
+def parse_memory(text: str) -> int:
+    """Bytes of a memory size such as ``80GB``, ``79.2GiB``, ``81920MiB`` or ``1073741824``.
+
+    GPU memory is sold in binary units (an "80 GB" card has 80 GiB of memory), so GB and GiB
+    both mean 2**30 bytes here, MB and MiB 2**20.
+
+    >>> parse_memory("80GB") == 80 * 2**30
+    True
+    >>> parse_memory("512 MiB")
+    536870912
+    """
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot read a memory size from {text!r} (e.g. 80GB, 79.2GiB, 81920MiB)")
+    unit = (match.group(2) or "b").lower()
+    scale = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "m": 2**20, "b": 1}[unit]
+    return int(float(match.group(1)) * scale)
+
+
+def cuda_memory() -> tuple[int, str, int] | None:
+    """``(total bytes, name, GPUs visible)`` of the GPU this process will use, None without CUDA.
+
+    Every rank runs the start-up check before Lightning assigns it a device, so it asks about
+    its own GPU (``LOCAL_RANK``) and, where NVML is installed (``nvidia-ml-py``, which vLLM
+    brings), through NVML, which creates no CUDA context: a context opened on GPU 0 by each of 8
+    ranks would cost GPU 0 several GiB for the whole run.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    index = int(os.environ.get("LOCAL_RANK", "0")) % max(count, 1)
+    found = _nvml_memory(index, count)
+    if found is None:
+        properties = torch.cuda.get_device_properties(index)
+        found = int(properties.total_memory), str(properties.name)
+    memory, name = found
+    return memory, f"cuda:{index} ({name})", count
+
+
+def _nvml_memory(index: int, count: int) -> tuple[int, str] | None:
+    """Total memory and name of visible GPU ``index`` through NVML; None where NVML cannot say
+    (not installed, no driver, GPUs named by UUID in ``CUDA_VISIBLE_DEVICES``)."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = (
+        list(range(count)) if visible is None else [int(d) for d in visible.split(",") if d.strip().isdigit()]
+    )
+    if index >= len(physical):
+        return None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(physical[index])
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).total), str(pynvml.nvmlDeviceGetName(handle))
+    except pynvml.NVMLError:
+        return None
+
+
+def check_enabled(config: dict[str, Any]) -> bool:
+    """Whether the start-up check applies: the sequence-parallel strategy with ``check_memory_plan``."""
+    strategy = (config.get("trainer") or {}).get("strategy")
+    if _class_path(strategy) != SEQUENCE_PARALLEL_STRATEGY:
+        return False
+    return bool({**DEFAULTS["strategy"], **_init_args(strategy)}["check_memory_plan"])
+
+
+def refusal(plan: MemoryPlan, device_name: str) -> str:
+    """Why a config is refused, and what would make it fit (the plan's suggestions)."""
+    reasons = []
+    if plan.headroom < 0:
+        reasons.append(
+            f"the peak per GPU ({plan.peak_phase} phase) is {format_gib(plan.peak)} of "
+            f"{format_gib(plan.device.memory)} on {device_name}"
+        )
+    if plan.engine is not None and not plan.engine.fits:
+        reasons.append(
+            f"vLLM's KV cache needs {format_gib(plan.engine.kv_needed)} and only "
+            f"{format_gib(plan.engine.kv_available)} of its gpu_memory_utilization share is left for it"
+        )
+    lines = [f"the memory plan says this run cannot fit: {'; '.join(reasons)}."]
+    ideas = suggestions(plan)
+    if ideas:
+        lines.append("Each change alone (memory saved at the peak):")
+        lines += [
+            f"    {s.change}: "
+            + (f"saves {format_gib(s.saving)}" if s.saving >= 0 else f"costs {format_gib(-s.saving)}")
+            for s in ideas
+        ]
+    combined = combined_changes(plan)
+    if combined and combined[-1].plan.fits:
+        steps = " + ".join(s.change.split(" (")[0] for s in combined)
+        lines.append(f"Applied in that order, these fit: {steps}.")
+    lines.append(
+        "`lvrl plan --config FILE` prints the table; to start anyway set "
+        "trainer.strategy.init_args.check_memory_plan: false"
+    )
+    return "\n    ".join(lines)
+
+
+def memory_problem(
+    config: dict[str, Any],
+    model_config: dict[str, Any],
+    device_memory: int,
+    device_name: str = "cuda:0",
+    gpus: int | None = None,
+) -> str | None:
+    """The reason to refuse ``config`` on CUDA GPUs of ``device_memory`` bytes, or None when it
+    fits (or the check is off). ``model_config`` is the model directory's ``config.json``;
+    ``gpus`` stands in for ``trainer.devices`` when that is ``auto``."""
+    if not check_enabled(config):
+        return None
+    try:
+        settings = run_settings(config, gpus=gpus)
+        arch = architecture_from_config(model_config)
+    except (PlanInputError, UnknownArchitecture, KeyError):
+        return None  # a model family the planner does not know: nothing to check against
+    plan = plan_memory(arch, settings, Device("cuda", device_memory))
+    return None if plan.fits else refusal(plan, device_name)

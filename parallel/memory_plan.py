@@ -1,0 +1,748 @@
+"""Per-device memory plan of an lvrl run: what each GPU (or CPU process) holds, from arithmetic alone.
+
+Nothing here touches a device or a process group: the plan is computed from the model's
+sizes (:class:`Architecture`) and the run's settings (:class:`RunSettings`), so ``lvrl plan``
+answers in a second on a laptop, and start-up validation can refuse a config before any
+weight is loaded. Every figure is per device (per rank) and in bytes.
+
+What is counted (the lines of :func:`plan_memory`; the formulas are in each function):
+
+- **sharded state** (FSDP2 over the data x sequence world, or within a node for ``hybrid``):
+  master parameters, their gradients, AdamW's two moments, the reference model in the compute
+  dtype. ``cpu_offload`` (FSDP2's ``CPUOffloadPolicy``) moves parameters, gradients and
+  optimizer states to host memory.
+- **gathered units**: FSDP2 all-gathers one unit (a decoder block, the embedding, the output
+  head) at a time and prefetches the next, in the compute dtype; in backward the unit's full
+  gradient exists in the compute dtype and is copied into a reduce-dtype reduce-scatter input,
+  which is kept until the next unit reduces.
+- **activations** of one micro-batch: with checkpointing, each layer's input plus one layer's
+  full working set (recomputed in backward); without, every layer's saved tensors. The
+  per-token counts of a decoder layer are exact for transformers' Qwen2.5-VL layer with a
+  flash-style attention kernel (checked against autograd's saved tensors in the tests).
+  Sequence parallelism divides the tokens of the layers (not the whole-row input embeddings,
+  built before the split). Logits exist only at the completion (or target) positions.
+- **the vision tower**: frozen, it is replicated (not sharded) in its dtype and runs without
+  autograd over this rank's share of the frames (MR-SP stage 1); the embeddings are cached
+  for the step. Trainable, it is sharded like the language model and its activations count.
+- **the colocated vLLM engine**: it reserves ``gpu_memory_utilization`` of the device,
+  whatever it needs; the plan checks that its weights, activation peak, encoder cache and the
+  KV cache of the rollouts fit inside that reservation (:class:`EngineCheck`). With sleep
+  mode the engine releases its memory while the trainer trains.
+- **framework overhead** on a GPU: CUDA context, NCCL buffers, library workspaces and the
+  caching allocator's fragmentation (:data:`CUDA_FIXED_OVERHEAD`, :data:`FRAGMENTATION`).
+
+The peak is the largest phase of a step: rollout (vLLM awake, the video encoded), weight sync
+(vLLM awake, the new weights streamed to it one parameter at a time or more), and two moments
+of training: backward through the output head (logits and their gradients alive, every layer's
+activations stored) and backward through a decoder block (its recomputed working set alive).
+SFT has the encoding and the two training moments.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+CUDA_FIXED_OVERHEAD = 2 * GIB
+"""CUDA context and kernels (~0.7 GiB with torch's libraries loaded), NCCL communicators for
+the world, data and sequence groups (~1 GiB), cuBLAS/flash workspaces: an allowance, not a
+measurement of this run."""
+FRAGMENTATION = 0.05
+"""Share of the trainer's tensors lost to the caching allocator's fragmentation (lower with
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``)."""
+RING_QUERY_CHUNK = 1024
+"""Queries scored at a time against a key/value block by ring attention (``parallel.ring``);
+its score chunks are the ring's transient memory. Kept equal by a test."""
+ENGINE_BATCHED_TOKENS = 16384
+"""Tokens per vLLM forward (chunked prefill) whose activations vLLM profiles at start-up."""
+ENGINE_FIXED_OVERHEAD = 1 * GIB
+"""vLLM's CUDA graphs, sampler and workspace buffers, within its reservation: an allowance."""
+ENGINE_LINE = "vLLM engine (reserved)"
+PIXEL_VALUES_PER_PATCH_BYTES = 4
+"""The processor hands pixel values to the tower in float32."""
+
+Phase = Literal["always", "rollout", "sync", "head", "layers", "training", "engine"]
+"""When a line is held: always; in one phase; ``training``: in both backward moments (``head``:
+backward through the output head, the logits' gradients alive; ``layers``: backward through a
+decoder block, its working set alive); ``engine``: whenever vLLM is awake (rollout and sync)."""
+PHASES = ("rollout", "sync", "head", "layers")
+
+
+@dataclass(frozen=True)
+class TextModel:
+    """The language model's sizes (a Qwen2 decoder: q/k/v projections with bias, SwiGLU MLP)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tied_embeddings: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def layer_parameters(self) -> int:
+        """Two RMSNorms, q/k/v (with bias), o (no bias), gate/up/down (no bias)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return 2 * h + (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i
+
+    def embedding_parameters(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def head_parameters(self) -> int:
+        """The output projection (none of its own when tied to the embedding) and the final norm."""
+        return (0 if self.tied_embeddings else self.vocab_size * self.hidden_size) + self.hidden_size
+
+    def parameters(self) -> int:
+        return (
+            self.embedding_parameters() + self.num_layers * self.layer_parameters() + self.head_parameters()
+        )
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Keys and values of one token over all layers (what a KV cache stores)."""
+        return self.num_layers * 2 * self.kv_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class VisionModel:
+    """The vision tower's sizes (Qwen2.5-VL's ViT: 3-D patch embedding, blocks, 2x2 patch merger)."""
+
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    in_channels: int = 3
+
+    @property
+    def patch_values(self) -> int:
+        """Pixel values in one patch (channels x frames x rows x columns)."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def pixels_per_token(self) -> int:
+        """Frame pixels behind one merged visual token (28 x 28 for Qwen2.5-VL)."""
+        return (self.patch_size * self.spatial_merge_size) ** 2
+
+    def block_parameters(self) -> int:
+        """Two RMSNorms, fused qkv and output projections, gate/up/down: all Linear layers with bias."""
+        h, i = self.hidden_size, self.intermediate_size
+        return 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * i + i) + (i * h + h)
+
+    def merger_parameters(self) -> int:
+        """RMSNorm, then an MLP over the ``merge x merge`` concatenated patches (with biases)."""
+        h, merged = self.hidden_size, self.hidden_size * self.spatial_merge_size**2
+        return h + (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
+
+    def parameters(self) -> int:
+        patch_embed = self.patch_values * self.hidden_size  # Conv3d without bias
+        return patch_embed + self.depth * self.block_parameters() + self.merger_parameters()
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A vision-language model's sizes: all the planner knows of the model."""
+
+    name: str
+    text: TextModel
+    vision: VisionModel
+
+    def parameters(self) -> int:
+        return self.text.parameters() + self.vision.parameters()
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The colocated rollout engine (vLLM) as the plan sees it."""
+
+    dtype: str = "bfloat16"
+    gpu_memory_utilization: float = 0.4
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    sleep_mode: bool = False
+    """Level-1 sleep between rollouts: weights to host memory, KV cache released."""
+    prefix_caching: bool = True
+    """The G samples of a prompt share its KV blocks (vLLM's automatic prefix caching, on by
+    default): the prompt is stored once. Without it each sample stores its own copy."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything of a run's config that decides its memory (read by ``app.memory_check``)."""
+
+    kind: Literal["grpo", "sft"]
+    world_size: int
+    devices_per_node: int
+    num_frames: int
+    max_pixels_per_frame: int
+    text_tokens: int
+    """Prompt tokens besides the video's (the data's ``max_prompt_tokens`` bound)."""
+    completion_tokens: int
+    """GRPO: the rollouts' ``max_new_tokens``; SFT: the target's bound (``max_target_tokens``)."""
+    sequence_parallel_size: int = 1
+    sequence_parallel_attention: Literal["ulysses", "ring"] = "ulysses"
+    sharding: Literal["full", "hybrid", "replicated"] = "full"
+    master_dtype: str = "float32"
+    param_dtype: str = "bfloat16"
+    reduce_dtype: str = "float32"
+    cpu_offload: bool = False
+    freeze_vision: bool = True
+    frozen_vision_dtype: str | None = None
+    """dtype of a frozen (replicated) tower; None: the master dtype, as the model was loaded."""
+    gradient_checkpointing: bool = True
+    reference: Literal["none", "sharded", "cpu"] = "none"
+    micro_batch_rows: int | None = None
+    """Rows per forward/backward (GRPO); None: the whole rollout batch at once."""
+    batch_size: int = 1
+    """Prompts (GRPO) or samples (SFT) per data-parallel rank and step."""
+    num_generations: int = 8
+    shared_prompt_pass: bool = False
+    """GRPO scores each prompt once per micro-batch and its completions against its cached keys
+    and values (``share_prompt_prefix`` without sequence parallelism); else rows go whole."""
+    engine: EngineSettings | None = None
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one parameter is split over."""
+        return {"full": self.world_size, "hybrid": self.devices_per_node, "replicated": 1}[self.sharding]
+
+
+@dataclass(frozen=True)
+class Device:
+    """What one rank runs on: a CUDA GPU (with vLLM and framework overhead) or a CPU process."""
+
+    kind: Literal["cuda", "cpu"]
+    memory: int
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Token counts behind the activation lines."""
+
+    video: int
+    prompt: int
+    completion: int
+    rows: int
+    """Rows in one forward/backward (a micro-batch)."""
+    layer_tokens: int
+    """Tokens through the decoder layers on one rank in one micro-batch."""
+    logit_positions: int
+    """Positions whose full-vocabulary logits one rank computes in one micro-batch."""
+    patches: int
+    """Vision patches this rank encodes for one step."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One row of the plan: bytes on each device, when they are held, and how they were counted."""
+
+    name: str
+    bytes: float
+    phase: Phase
+    note: str
+
+    def held_in(self, phase: str) -> bool:
+        """Whether the line's bytes are on the device during ``phase``."""
+        return (
+            self.phase in ("always", phase)
+            or (self.phase == "engine" and phase in ("rollout", "sync"))
+            or (self.phase == "training" and phase in ("head", "layers"))
+        )
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """Whether the rollouts' KV cache fits in what vLLM reserves."""
+
+    reserved: float
+    weights: float
+    activations: float
+    encoder_cache: float
+    kv_needed: float
+    kv_tokens: int
+    max_model_len_needed: int
+
+    @property
+    def kv_available(self) -> float:
+        return self.reserved - self.weights - self.activations - self.encoder_cache
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_needed <= self.kv_available
+
+    @property
+    def utilization_needed(self) -> float:
+        """The smallest share of the device that holds the engine (weights, activations, KV)."""
+        return self.weights + self.activations + self.encoder_cache + self.kv_needed
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The lines, the peak and what decided it."""
+
+    architecture: Architecture
+    settings: RunSettings
+    device: Device
+    tokens: Tokens
+    lines: tuple[Line, ...]
+    engine: EngineCheck | None = None
+    phase_totals: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def peak(self) -> float:
+        return max(self.phase_totals.values())
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phase_totals, key=lambda phase: self.phase_totals[phase])
+
+    @property
+    def headroom(self) -> float:
+        return self.device.memory - self.peak
+
+    @property
+    def engine_fits(self) -> bool:
+        return self.engine is None or self.engine.fits
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom >= 0 and self.engine_fits
+
+
+# -- token counts ---------------------------------------------------------------------------------
+def video_tokens(vision: VisionModel, num_frames: int, max_pixels_per_frame: int) -> int:
+    """Merged visual tokens of one video: ``frames / 2`` temporal patches of at most
+    ``max_pixels / (28 x 28)`` tokens (frames are resized into the budget, sides multiples of 28).
+
+    >>> video_tokens(VisionModel(32, 1280, 3420, 16, 3584), 512, 128 * 28 * 28)
+    32768
+    """
+    return (num_frames // vision.temporal_patch_size) * (max_pixels_per_frame // vision.pixels_per_token)
+
+
+def token_counts(arch: Architecture, run: RunSettings) -> Tokens:
+    """Tokens of one step on one rank (the worst rank: the one holding the completions)."""
+    video = video_tokens(arch.vision, run.num_frames, run.max_pixels_per_frame)
+    prompt = video + run.text_tokens
+    completion = run.completion_tokens
+    sp = run.sequence_parallel_size
+    if run.kind == "grpo":
+        total_rows = run.batch_size * run.num_generations
+        rows = min(run.micro_batch_rows or total_rows, total_rows)
+        if run.shared_prompt_pass:
+            g = run.num_generations
+            aligned = g % rows == 0 or rows % g == 0
+            prompts = min(run.batch_size, -(-rows // g) + (0 if aligned else 1))
+            layer_tokens = prompts * prompt + rows * completion
+        else:
+            layer_tokens = -(-rows * (prompt + completion) // sp)
+    else:
+        rows = run.batch_size
+        layer_tokens = -(-rows * (prompt + completion) // sp)
+    # The last slice of a sequence-parallel row holds its completion: one rank computes them all.
+    logit_positions = rows * completion
+    # The batch's videos are encoded once per step, their temporal patches dealt to the SP ranks.
+    patches = -(-run.batch_size * video * arch.vision.spatial_merge_size**2 // sp)
+    return Tokens(video, prompt, completion, rows, layer_tokens, logit_positions, patches)
+
+
+# -- per-token activation counts ------------------------------------------------------------------
+def rms_norm_saved_bytes(hidden: int, compute_bytes: int) -> int:
+    """Per token: the float32 input, the reciprocal root, the normalised input in the compute
+    dtype, and the output (saved by the projections after it)."""
+    return 4 * hidden + 4 + 2 * compute_bytes * hidden
+
+
+def decoder_layer_saved_bytes(text: TextModel, compute_bytes: int, run: RunSettings) -> int:
+    """Bytes autograd saves per token in one decoder layer (transformers' Qwen2.5-VL layer).
+
+    Two RMSNorms (:func:`rms_norm_saved_bytes`); attention keeps the rotated queries and keys,
+    the values, the output (which the output projection reads in place) and a float32
+    log-sum-exp per head; the MLP keeps gate, activation, up and their product (4 x
+    intermediate). Rotary cos/sin are shared by the layers, counted once elsewhere.
+    Ulysses keeps its head-split copies (key/value heads repeated when they do not divide by
+    the group) and a separate output copy; ring keeps repeated keys/values and a float32 output.
+    """
+    b, h, q, kv, i = compute_bytes, text.hidden_size, text.q_dim, text.kv_dim, text.intermediate_size
+    norms = 2 * rms_norm_saved_bytes(h, b)
+    mlp = 4 * b * i
+    lse = 4 * text.num_heads
+    sp = run.sequence_parallel_size
+    if sp == 1:
+        attention = 2 * b * q + 2 * b * kv
+    elif run.sequence_parallel_attention == "ulysses":
+        kv_eff = kv if text.num_kv_heads % sp == 0 else q
+        attention = 3 * b * q + 2 * b * kv_eff
+    else:  # ring: query, repeated key/value, float32 output, the projection's input copy
+        attention = 4 * b * q + 4 * q
+    return norms + attention + lse + mlp
+
+
+def decoder_layer_backward_bytes(text: TextModel, compute_bytes: int) -> int:
+    """Per token, the gradients alive at once in one layer's backward: the MLP's three
+    intermediate-sized gradients and two hidden-sized ones (an allowance checked by
+    ``bench/plan_check.py``, not derived)."""
+    return compute_bytes * (3 * text.intermediate_size + 2 * text.hidden_size)
+
+
+def ring_transient_bytes(text: TextModel, run: RunSettings, rows: int, layer_tokens: int) -> int:
+    """Ring attention's working set in one layer: float32 copies of queries, keys, values and
+    output, the key/value block in flight, and three score chunks (scores, weights, their
+    difference) of ``RING_QUERY_CHUNK`` queries against a whole block, per head and row."""
+    if run.sequence_parallel_size == 1 or run.sequence_parallel_attention != "ring":
+        return 0
+    per_row = layer_tokens // max(rows, 1)
+    chunk = min(RING_QUERY_CHUNK, per_row)
+    copies = 4 * 6 * text.q_dim * layer_tokens
+    scores = 3 * 4 * rows * text.num_heads * chunk * per_row
+    return copies + scores
+
+
+def logit_bytes_per_position(text: TextModel, compute_bytes: int) -> int:
+    """Logits in the compute dtype, their float32 log-softmax (saved), and two float32
+    transients of the same size (the upcast in the forward, the gradient in backward)."""
+    return (compute_bytes + 12) * text.vocab_size
+
+
+def vision_working_bytes_per_patch(vision: VisionModel, dtype_bytes: int) -> int:
+    """One vision block without autograd: residual and normed input, the qkv and attention
+    output, three intermediate-sized MLP tensors, float32 norm copies; plus the pixel values."""
+    h, i = vision.hidden_size, vision.intermediate_size
+    return (
+        dtype_bytes * (6 * h + 3 * i)
+        + 8 * h
+        + vision.patch_values * (PIXEL_VALUES_PER_PATCH_BYTES + dtype_bytes)
+    )
+
+
+def vision_block_saved_bytes(vision: VisionModel, compute_bytes: int) -> int:
+    """Per patch, what autograd saves in a trainable vision block (like a decoder layer with
+    ``heads = kv heads``)."""
+    b, h, i = compute_bytes, vision.hidden_size, vision.intermediate_size
+    return 2 * rms_norm_saved_bytes(h, b) + 4 * b * h + 4 * vision.num_heads + 4 * b * i
+
+
+# -- the plan -------------------------------------------------------------------------------------
+def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryPlan:
+    """The per-device memory plan of ``run`` on ``device`` (see the module docstring)."""
+    tokens = token_counts(arch, run)
+    text, vision = arch.text, arch.vision
+    master, compute, reduce = (DTYPE_BYTES[d] for d in (run.master_dtype, run.param_dtype, run.reduce_dtype))
+    shard = run.shard_size
+    trainable = text.parameters() + (0 if run.freeze_vision else vision.parameters())
+    on_gpu = 0 if run.cpu_offload else 1
+    how = f"/ {shard} ranks" if shard > 1 else "not sharded"
+    lines = [
+        Line(
+            "parameters (master)",
+            on_gpu * trainable * master / shard,
+            "always",
+            f"{trainable / 1e9:.2f}B x {master} B {how}"
+            + (", on the host (cpu_offload)" if run.cpu_offload else ""),
+        ),
+        Line(
+            "optimizer states (AdamW)",
+            on_gpu * 2 * trainable * master / shard,
+            "always",
+            "2 moments x master dtype" + (", on the host (cpu_offload)" if run.cpu_offload else f" {how}"),
+        ),
+    ]
+    if run.freeze_vision:
+        vision_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype]
+        lines.append(
+            Line(
+                "vision tower (frozen, replicated)",
+                vision.parameters() * vision_bytes,
+                "always",
+                f"{vision.parameters() / 1e9:.3f}B x {vision_bytes} B on every rank",
+            )
+        )
+    if run.reference != "none":
+        # (The reference has no vision tower: it only scores rows with cached video embeddings.)
+        reference = arch.text.parameters() * compute / shard if run.reference == "sharded" else 0.0
+        lines.append(
+            Line(
+                "reference model",
+                reference,
+                "always",
+                f"compute dtype {how}" if run.reference == "sharded" else "on the host, streamed per block",
+            )
+        )
+    video_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype] if run.freeze_vision else compute
+    # GRPO keeps the encoding for the whole step (rollouts, reference, policy); SFT's forward
+    # consumes it before the layers store anything.
+    lines.append(
+        Line(
+            "video embeddings",
+            run.batch_size * tokens.video * vision.out_hidden_size * video_bytes,
+            "always" if run.kind == "grpo" else "rollout",
+            f"{run.batch_size} x {tokens.video:,} tokens x {vision.out_hidden_size}, every rank"
+            + (", cached for the step" if run.kind == "grpo" else ""),
+        )
+    )
+    lines += _training_lines(arch, run, tokens, master, compute, reduce, shard, on_gpu)
+    lines += _encoding_lines(arch, run, tokens)
+    engine = None
+    if device.kind == "cuda" and run.kind == "grpo" and run.engine is not None:
+        engine = engine_check(arch, run, tokens, device)
+        largest = max(text.embedding_parameters(), text.head_parameters(), text.layer_parameters())
+        lines.append(
+            Line(
+                "weight sync buffer",
+                largest * (master + DTYPE_BYTES[run.engine.dtype]),
+                "sync",
+                f"the largest parameter gathered in full ({largest / 1e6:.0f}M) + its engine-dtype copy",
+            )
+        )
+        lines.append(
+            Line(
+                ENGINE_LINE,
+                engine.reserved,
+                "engine" if run.engine.sleep_mode else "always",
+                f"gpu_memory_utilization {run.engine.gpu_memory_utilization:g} of the device"
+                + ("; asleep while training" if run.engine.sleep_mode else ""),
+            )
+        )
+    if device.kind == "cuda":
+        # Fragmentation of the trainer's own tensors (vLLM's share is its own pool).
+        trainer_peak = max(_phase_totals([line for line in lines if line.name != ENGINE_LINE]).values())
+        overhead = CUDA_FIXED_OVERHEAD + FRAGMENTATION * trainer_peak
+        lines.append(
+            Line(
+                "framework overhead",
+                overhead,
+                "always",
+                f"CUDA context, NCCL, workspaces {CUDA_FIXED_OVERHEAD / GIB:.0f} GiB "
+                f"+ {FRAGMENTATION:.0%} fragmentation",
+            )
+        )
+    return MemoryPlan(arch, run, device, tokens, tuple(lines), engine, _phase_totals(lines))
+
+
+def _phase_totals(lines: list[Line]) -> dict[str, float]:
+    """Bytes held in each phase the step has (a run without an engine has no sync phase)."""
+    present = [phase for phase in PHASES if phase != "sync" or any(line.phase == "sync" for line in lines)]
+    return {phase: sum(line.bytes for line in lines if line.held_in(phase)) for phase in present}
+
+
+def _training_lines(
+    arch: Architecture,
+    run: RunSettings,
+    tokens: Tokens,
+    master: int,
+    compute: int,
+    reduce: int,
+    shard: int,
+    on_gpu: int,
+) -> list[Line]:
+    text, vision = arch.text, arch.vision
+    trainable = text.parameters() + (0 if run.freeze_vision else vision.parameters())
+    lines = [
+        Line(
+            "gradients (master dtype)",
+            on_gpu * trainable * master / shard,
+            "training",
+            "sharded like the parameters" + (", on the host" if run.cpu_offload else ""),
+        )
+    ]
+    if run.sharding == "replicated":
+        lines.append(Line("gradient reduction buffer", trainable * master, "training", "a flat copy (DDP)"))
+    else:
+        # lvrl's layout (parallel.sharding): one unit per decoder block and a root unit holding
+        # the embeddings and the head, gathered from the step's forward to the end of its
+        # backward (its gradients reduce once, when backward ends, so the head's gradient is
+        # held, unsharded, until then). Through the head: the root gathered, the last block
+        # prefetched, the head's gradient. Through a block: the same root and head gradient, two
+        # blocks gathered, the block's gradient, and the previous block's reduce-scatter input,
+        # which FSDP2 keeps until the next unit reduces.
+        head = text.embedding_parameters() if text.tied_embeddings else text.head_parameters()
+        root = text.embedding_parameters() + (0 if text.tied_embeddings else text.head_parameters())
+        block = text.layer_parameters()  # vision blocks, when trained, are smaller
+        lines.append(
+            Line(
+                "FSDP2 buffers at the head",
+                (root + block + head) * compute,
+                "head",
+                f"root unit (embeddings + head, {root / 1e6:.0f}M) gathered for the step + next block "
+                "prefetched, the head's gradient",
+            )
+        )
+        # When backward ends the root reduces: its parameters, its whole gradient (embeddings
+        # and head) and that gradient's reduce-scatter input are alive at once; the larger of the
+        # two moments counts.
+        through_blocks = (root + head + 3 * block) * compute + block * reduce
+        at_the_end = root * (2 * compute + reduce) + block * reduce
+        lines.append(
+            Line(
+                "FSDP2 buffers at a block",
+                max(through_blocks, at_the_end),
+                "layers",
+                f"the root still gathered and the head's gradient held; block ({block / 1e6:.0f}M) gathered "
+                "+ next prefetched, its gradient, the previous block's reduce-scatter input (or, when "
+                "backward ends, the root's whole gradient and its reduce-scatter input)",
+            )
+        )
+    t = tokens.layer_tokens
+    saved = decoder_layer_saved_bytes(text, compute, run)
+    if run.gradient_checkpointing:
+        stored = text.num_layers * t * compute * text.hidden_size
+        note = f"{text.num_layers} layer inputs x {t:,} tokens"
+    else:
+        stored = text.num_layers * t * saved
+        note = f"{text.num_layers} layers x {t:,} tokens x {saved:,} B"
+    lines.append(Line("activations: decoder layers", stored, "training", note))
+    working = t * ((saved if run.gradient_checkpointing else 0) + decoder_layer_backward_bytes(text, compute))
+    working += ring_transient_bytes(text, run, tokens.rows, t)
+    lines.append(
+        Line(
+            "activations: one layer's working set",
+            working,
+            "layers",
+            ("recomputed layer + " if run.gradient_checkpointing else "")
+            + "backward gradients"
+            + (
+                " + ring score chunks"
+                if run.sequence_parallel_attention == "ring" and run.sequence_parallel_size > 1
+                else ""
+            ),
+        )
+    )
+    whole_rows = tokens.rows * (tokens.prompt + tokens.completion)
+    per_token_model = rms_norm_saved_bytes(text.hidden_size, compute) + 2 * text.head_dim * compute
+    model_level = whole_rows * text.hidden_size * compute + t * per_token_model
+    if run.shared_prompt_pass and run.kind == "grpo":
+        # Each row's copy of its prompt's keys/values and the concatenated cache, every layer.
+        model_level += (
+            text.num_layers
+            * (2 * tokens.rows * tokens.prompt + tokens.rows * tokens.completion)
+            * 2
+            * text.kv_dim
+            * compute
+        )
+    lines.append(
+        Line(
+            "activations: embeddings, final norm, rotary",
+            model_level,
+            "training",
+            f"input embeddings of {tokens.rows} whole row(s), {whole_rows:,} tokens"
+            + ("; prompt keys/values per row" if run.shared_prompt_pass and run.kind == "grpo" else ""),
+        )
+    )
+    lines.append(
+        Line(
+            "logits (completion positions)",
+            tokens.logit_positions * logit_bytes_per_position(text, compute),
+            "head",
+            f"{tokens.logit_positions:,} positions x {text.vocab_size:,} vocabulary",
+        )
+    )
+    if not run.freeze_vision:
+        vision_saved = vision_block_saved_bytes(vision, compute)
+        patches = tokens.patches * run.sequence_parallel_size  # re-encoded whole on every rank, with grad
+        per_block = compute * vision.hidden_size if run.gradient_checkpointing else vision_saved
+        lines.append(
+            Line(
+                "activations: vision tower (trainable)",
+                patches * (vision.depth * per_block + vision_saved),
+                "training",
+                f"{patches:,} patches",
+            )
+        )
+    return lines
+
+
+def _encoding_lines(arch: Architecture, run: RunSettings, tokens: Tokens) -> list[Line]:
+    """The frozen tower's working set while it encodes this rank's share of the frames. GRPO
+    encodes in the rollout phase; SFT encodes inside its forward, before the layers store
+    anything, so it is counted in the rollout column (the step's other phase) there too."""
+    if not run.freeze_vision:
+        return []
+    dtype_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype]
+    working = tokens.patches * vision_working_bytes_per_patch(arch.vision, dtype_bytes)
+    where = "this rank's" if run.sequence_parallel_size > 1 else "all"
+    return [
+        Line(
+            "vision encoding working set",
+            working,
+            "rollout",
+            f"{where} {tokens.patches:,} patches, no autograd",
+        )
+    ]
+
+
+def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: Device) -> EngineCheck:
+    """What vLLM needs inside its reservation for this rank's share of the rollouts.
+
+    Sequence-parallel peers split the prompts (``share_out``), so one engine samples the G
+    completions of ``ceil(batch / sp)`` prompts. With prefix caching each prompt's KV is
+    stored once and each sample adds its completion; vLLM also refuses to start unless one
+    ``max_model_len`` sequence fits its KV cache.
+    """
+    assert run.engine is not None
+    engine, text = run.engine, arch.text
+    eb = DTYPE_BYTES[engine.dtype]
+    prompts = -(-run.batch_size // run.sequence_parallel_size)
+    g = run.num_generations
+    if engine.prefix_caching:
+        kv_tokens = prompts * (tokens.prompt + g * tokens.completion)
+    else:
+        kv_tokens = prompts * g * (tokens.prompt + tokens.completion)
+    kv_tokens = max(kv_tokens, engine.max_model_len)
+    h, q, kv, i = text.hidden_size, text.q_dim, text.kv_dim, text.intermediate_size
+    activations = ENGINE_BATCHED_TOKENS * (2 * h + q + 2 * kv + 2 * i) * eb
+    activations += engine.max_num_seqs * text.vocab_size * 8 + ENGINE_FIXED_OVERHEAD
+    return EngineCheck(
+        reserved=engine.gpu_memory_utilization * device.memory,
+        weights=arch.parameters() * eb,
+        activations=activations,
+        encoder_cache=prompts * tokens.video * arch.vision.out_hidden_size * eb,
+        kv_needed=kv_tokens * text.kv_bytes_per_token(eb),
+        kv_tokens=kv_tokens,
+        max_model_len_needed=tokens.prompt + tokens.completion,
+    )
+
+
+def format_gib(value: float) -> str:
+    """``12.34 GiB``.
+
+    >>> format_gib(3 * GIB / 2)
+    '1.50 GiB'
+    """
+    return f"{value / GIB:.2f} GiB"
+
+
+def format_count(value: int) -> str:
+    """A parameter count as people write it.
+
+    >>> format_count(8_292_166_656), format_count(73_700_000), format_count(913_856)
+    ('8.29B', '73.7M', '914K')
+    """
+    if value >= 1e9:
+        return f"{value / 1e9:.2f}B"
+    if value >= 1e6:
+        return f"{value / 1e6:.1f}M"
+    return f"{value / 1e3:.0f}K"
+
+
+def ceil_fraction(value: float, step: float = 0.01) -> float:
+    """``value`` rounded up to a multiple of ``step`` (for a suggested utilisation).
+
+    >>> ceil_fraction(0.4312)
+    0.44
+    """
+    return round(math.ceil(value / step - 1e-9) * step, 10)

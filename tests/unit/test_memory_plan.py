@@ -1,0 +1,464 @@
+"""The memory planner: its arithmetic against hand computation and real models, the verdict and
+its suggestions, ``lvrl plan`` on the real-size configs, and the start-up refusal on a GPU."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from helpers.cli import REPO_ROOT, lvrl
+from helpers.tolerances import assert_identical
+
+from app.memory_check import DEFAULTS, memory_problem, run_settings
+from app.validation import ConfigError, validate_config
+from models.architectures import PUBLISHED_CONFIGS, architecture_from_config, published_architecture
+from parallel.memory_advice import combined_changes, suggestions
+from parallel.memory_plan import (
+    GIB,
+    RING_QUERY_CHUNK,
+    Device,
+    EngineSettings,
+    RunSettings,
+    decoder_layer_saved_bytes,
+    plan_memory,
+)
+
+# A made-up architecture small enough to count by hand.
+SMALL_CONFIG = {
+    "model_type": "qwen2_5_vl",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "vocab_size": 10,
+    "tie_word_embeddings": False,
+    "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 0]},
+    "vision_config": {
+        "depth": 1,
+        "hidden_size": 4,
+        "intermediate_size": 8,
+        "num_heads": 2,
+        "out_hidden_size": 8,
+    },
+}
+SMALL = architecture_from_config(SMALL_CONFIG, "small")
+
+REAL_CONFIGS = {
+    "grpo_3b.yaml": "qwen2.5-vl-3b",
+    "grpo_7b.yaml": "qwen2.5-vl-7b",
+    "sft_7b.yaml": "qwen2.5-vl-7b",
+    "grpo_7b_4096f.yaml": "qwen2.5-vl-7b",
+}
+
+
+def meta_model_parameters(config: dict) -> tuple[int, int]:
+    """``(all, vision)`` parameter counts of transformers' model built from ``config`` on the meta device."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    hf_config = Qwen2_5_VLConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration(hf_config)
+    return sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.model.visual.parameters())
+
+
+def grpo_settings(**changes) -> RunSettings:
+    settings = RunSettings(
+        kind="grpo",
+        world_size=8,
+        devices_per_node=8,
+        num_frames=512,
+        max_pixels_per_frame=128 * 28 * 28,
+        text_tokens=1024,
+        completion_tokens=1024,
+        sequence_parallel_size=4,
+        micro_batch_rows=2,
+        batch_size=1,
+        num_generations=8,
+        reference="sharded",
+        engine=EngineSettings(gpu_memory_utilization=0.4, max_model_len=40960, sleep_mode=True),
+    )
+    return replace(settings, **changes)
+
+
+def line(plan, name: str) -> float:
+    return next(item.bytes for item in plan.lines if item.name.startswith(name))
+
+
+# -- parameter counts -------------------------------------------------------------------------
+def test_parameter_counts_by_hand() -> None:
+    text, vision = SMALL.text, SMALL.vision
+    # Per layer: two norms 2*8; q 8*8+8; k and v 2*(8*4+4); o 8*8; gate/up/down 3*8*16.
+    assert text.layer_parameters() == 16 + 72 + 72 + 64 + 384
+    assert text.parameters() == 8 * 10 + 2 * 608 + (8 * 10 + 8)
+    # Patch embedding 3*2*14*14*4; block 2*4 + (4*12+12) + (4*4+4) + 2*(4*8+8) + (8*4+4);
+    # merger 4 + (16*16+16) + (16*8+8).
+    assert vision.parameters() == 4704 + 204 + 412
+
+
+@pytest.mark.parametrize("name", ["small", *PUBLISHED_CONFIGS])
+def test_parameter_counts_equal_transformers_model(name: str) -> None:
+    config = SMALL_CONFIG if name == "small" else PUBLISHED_CONFIGS[name]
+    arch = architecture_from_config(config, name)
+    total, vision = meta_model_parameters(config)
+    assert_identical(arch.parameters(), total, reason=f"{name}: counted vs built on the meta device")
+    assert_identical(arch.vision.parameters(), vision, reason=f"{name}: vision tower")
+
+
+def test_published_counts_are_the_model_cards() -> None:
+    # Qwen2.5-VL-3B-Instruct: 3.75B parameters, -7B-Instruct: 8.29B (the model cards' figures).
+    assert round(published_architecture("qwen2.5-vl-3b").parameters() / 1e9, 2) == 3.75
+    assert round(published_architecture("qwen2.5-vl-7b").parameters() / 1e9, 2) == 8.29
+
+
+def test_a_built_model_directory_reads_the_same(tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert "text_config" in config  # transformers 5's nested layout
+    total, _ = meta_model_parameters(config)
+    assert_identical(architecture_from_config(config).parameters(), total, reason="tiny model directory")
+
+
+# -- activations ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoder_layer_saved_bytes_equal_autograd(dtype: torch.dtype) -> None:
+    """The per-token count equals what autograd saves in a real Qwen2.5-VL decoder layer
+    (SDPA, causal, no mask: the flash-style path), rotary cos/sin excluded (shared by layers)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = {
+        **SMALL_CONFIG,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    }
+    hf_config = Qwen2_5_VLConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(hf_config).to(dtype).train()
+    language = model.model.language_model
+    tokens = 48
+    hidden = torch.randn(1, tokens, 64, dtype=dtype, requires_grad=True)
+    positions = torch.arange(tokens).view(1, 1, tokens).expand(3, 1, tokens)
+    rotary = language.rotary_emb(hidden, positions)
+    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    excluded |= {t.untyped_storage().data_ptr() for t in rotary}
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in excluded:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        language.layers[0](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    arch = architecture_from_config(config)
+    per_token = decoder_layer_saved_bytes(
+        arch.text, 4 if dtype == torch.float32 else 2, grpo_settings(sequence_parallel_size=1)
+    )
+    assert_identical(sum(saved.values()), per_token * tokens, reason="autograd's saved bytes vs the count")
+
+
+def test_ring_chunk_is_the_ring_attentions() -> None:
+    from parallel.ring import QUERY_CHUNK
+
+    assert RING_QUERY_CHUNK == QUERY_CHUNK
+
+
+# -- the plan's lines -------------------------------------------------------------------------
+def test_lines_by_hand() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    run = grpo_settings()
+    plan = plan_memory(arch, run, Device("cuda", 80 * GIB))
+    lm = arch.text.parameters()
+    assert line(plan, "parameters") == lm * 4 / 8
+    assert line(plan, "optimizer") == 2 * lm * 4 / 8
+    assert line(plan, "gradients") == lm * 4 / 8
+    assert line(plan, "vision tower") == arch.vision.parameters() * 4
+    assert line(plan, "reference") == arch.text.parameters() * 2 / 8  # no vision tower
+    # 512 frames of 128 x 28 x 28 pixels: 256 temporal patches x 128 tokens.
+    assert plan.tokens.video == 32768 and plan.tokens.prompt == 32768 + 1024
+    # Two rows of prompt + completion, forwarded whole, split over 4 ranks.
+    assert plan.tokens.layer_tokens == 2 * (33792 + 1024) // 4
+    assert line(plan, "activations: decoder layers") == 28 * plan.tokens.layer_tokens * 2 * 3584
+    assert line(plan, "logits") == 2 * 1024 * 152064 * (2 + 12)
+    # vLLM: the prompt's KV once (prefix caching) + 8 completions, in bfloat16, 28 layers x 4 KV heads x 128.
+    assert plan.engine is not None
+    assert plan.engine.kv_tokens == 33792 + 8 * 1024  # more than one max_model_len (40,960) sequence
+    assert plan.engine.kv_needed == (33792 + 8 * 1024) * 28 * 2 * 512 * 2
+    assert plan.engine.reserved == 0.4 * 80 * GIB
+
+
+def test_sharding_divides_by_the_world() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    one = plan_memory(
+        arch, grpo_settings(world_size=1, devices_per_node=1, sequence_parallel_size=1), Device("cpu", GIB)
+    )
+    eight = plan_memory(arch, grpo_settings(sequence_parallel_size=1), Device("cpu", GIB))
+    for name in ("parameters", "optimizer", "gradients", "reference"):
+        assert line(one, name) == 8 * line(eight, name)
+    hybrid = plan_memory(arch, grpo_settings(world_size=16, sharding="hybrid"), Device("cpu", GIB))
+    assert line(hybrid, "parameters") == line(eight, "parameters")  # 8 GPUs per node, replicated over 2
+
+
+def test_sequence_parallelism_divides_activations() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    plans = {
+        sp: plan_memory(arch, grpo_settings(sequence_parallel_size=sp), Device("cpu", GIB))
+        for sp in (1, 2, 4)
+    }
+    assert plans[2].tokens.layer_tokens == -(-2 * 34816 // 2)
+    assert line(plans[1], "activations: decoder layers") == 4 * line(plans[4], "activations: decoder layers")
+    assert plans[4].tokens.patches * 4 == plans[1].tokens.patches  # MR-SP stage 1 splits the frames too
+
+
+def test_checkpointing_keeps_one_hidden_state_per_layer() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    on = plan_memory(arch, grpo_settings(), Device("cpu", GIB))
+    off = plan_memory(arch, grpo_settings(gradient_checkpointing=False), Device("cpu", GIB))
+    saved = decoder_layer_saved_bytes(arch.text, 2, grpo_settings())
+    assert line(off, "activations: decoder layers") == 28 * on.tokens.layer_tokens * saved
+    assert line(on, "activations: decoder layers") == 28 * on.tokens.layer_tokens * 2 * 3584
+
+
+def test_cpu_offload_and_a_host_reference_leave_the_gpu() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    plan = plan_memory(arch, grpo_settings(cpu_offload=True, reference="cpu"), Device("cuda", 80 * GIB))
+    for name in ("parameters", "optimizer", "gradients", "reference"):
+        assert line(plan, name) == 0
+
+
+# -- verdict and suggestions --------------------------------------------------------------------
+def test_a_plan_that_does_not_fit_says_what_to_change() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    run = grpo_settings(
+        gradient_checkpointing=False,
+        sequence_parallel_size=2,
+        engine=replace(grpo_settings().engine, sleep_mode=False),
+    )
+    plan = plan_memory(arch, run, Device("cuda", 80 * GIB))
+    assert not plan.fits and plan.headroom < 0
+    ideas = suggestions(plan)
+    assert ideas[0].change == "model.init_args.gradient_checkpointing: true"
+    assert ideas[1].change.startswith("trainer.strategy.init_args.sequence_parallel_size: 4")
+    for idea in ideas:  # each saving is the peak difference of the plan with that change alone
+        assert idea.saving == plan.peak - idea.plan.peak
+    assert ideas[0].saving > 100 * GIB  # 28 layers of saved activations at 17k tokens
+    combined = combined_changes(plan)
+    assert combined[-1].plan.fits
+    assert [c.change for c in combined] == [i.change for i in ideas[: len(combined)]]
+
+
+def test_an_engine_share_too_small_for_its_kv_cache_comes_first() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    engine = EngineSettings(gpu_memory_utilization=0.2, max_model_len=40960, sleep_mode=True)
+    plan = plan_memory(arch, grpo_settings(engine=engine), Device("cuda", 80 * GIB))
+    assert plan.engine is not None and not plan.engine.fits and not plan.fits
+    first = suggestions(plan)[0]
+    assert first.change.startswith("engine init_args.gpu_memory_utilization: 0.2")  # 0.2x, rounded up
+    assert first.plan.engine is not None and first.plan.engine.fits
+
+
+def test_an_oversized_engine_share_can_be_lowered() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    engine = EngineSettings(gpu_memory_utilization=0.9, max_model_len=40960, sleep_mode=False)
+    plan = plan_memory(arch, grpo_settings(engine=engine), Device("cuda", 80 * GIB))
+    assert not plan.fits and plan.engine is not None and plan.engine.fits
+    lower = [s for s in suggestions(plan) if "gpu_memory_utilization" in s.change]
+    assert lower and lower[0].saving > 0 and lower[0].plan.engine.fits
+
+
+# -- reading configs ------------------------------------------------------------------------------
+def test_defaults_are_the_classes() -> None:
+    """Every default the planner assumes for a key left out equals its class's default; keys the
+    classes do not have yet are the strategy's new ones (issue 16), checked once they exist."""
+    from callbacks.rl_rollout import RolloutCallback
+    from datamodules.longvideo_reason import LongVideoReasonDataModule
+    from models.grpo import GRPOModule
+    from models.vlm_module import VLMModule
+    from parallel.strategy import SequenceParallelStrategy
+    from rollout.vllm_engine import VLLMEngine
+
+    classes = {
+        "strategy": SequenceParallelStrategy,
+        "module": VLMModule,
+        "grpo": GRPOModule,
+        "data": LongVideoReasonDataModule,
+        "rollout": RolloutCallback,
+        "engine": VLLMEngine,
+    }
+    pending = {
+        "sharding",
+        "param_dtype",
+        "reduce_dtype",
+        "cpu_offload",
+        "check_memory_plan",
+        "reference_placement",
+    }
+    missing = set()
+    for group, defaults in DEFAULTS.items():
+        parameters = inspect.signature(classes[group].__init__).parameters
+        for key, value in defaults.items():
+            if key not in parameters:
+                missing.add(key)
+                continue
+            assert parameters[key].default == value, f"{group}.{key}"
+    assert missing <= pending, missing - pending
+
+
+def test_run_settings_of_a_real_config() -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b_4096f.yaml").read_text())
+    run = run_settings(config)
+    assert (run.kind, run.world_size, run.sequence_parallel_size, run.num_frames) == ("grpo", 8, 8, 4096)
+    assert run.master_dtype == "float32" and run.param_dtype == "bfloat16" and run.sharding == "full"
+    assert run.engine is not None and run.engine.dtype == "bfloat16"
+    assert run_settings(config, gpus=4, nodes=2).world_size == 8
+
+
+def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
+    """Issue 16's starting point: grpo_7b.yaml under a replicating strategy with bf16-true, vLLM
+    awake at 0.4: ~110 GB per GPU before any activation, so it cannot fit 80 GB."""
+    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config["trainer"].update(strategy="ddp", precision="bf16-true")
+    config["trainer"]["callbacks"][0]["init_args"]["engine"]["init_args"]["enable_sleep_mode"] = False
+    run = run_settings(config)
+    assert (run.sharding, run.master_dtype, run.param_dtype) == ("replicated", "bfloat16", "bfloat16")
+    plan = plan_memory(published_architecture("qwen2.5-vl-7b"), run, Device("cuda", 80 * GIB))
+    before_activations = sum(
+        line.bytes for line in plan.lines if line.phase == "always" and line.name != "framework overhead"
+    )
+    assert 100e9 < before_activations + line(plan, "gradients") < 120e9
+    assert not plan.fits
+
+
+# -- lvrl plan --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("config", list(REAL_CONFIGS))
+def test_lvrl_plan_says_each_real_config_fits_on_eight_80gb_gpus(config: str) -> None:
+    path = f"configs/qwen2_5_vl/{config}"
+    result = lvrl(
+        "plan",
+        "--config",
+        path,
+        "--architecture",
+        REAL_CONFIGS[config],
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "80GB",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "\nfits: peak" in result.stdout
+    assert "vLLM" in result.stdout or config.startswith("sft")
+
+
+def test_lvrl_plan_json_and_a_config_that_does_not_fit(tmp_path: Path) -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config["model"]["init_args"]["gradient_checkpointing"] = False
+    path = tmp_path / "no_checkpointing.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = lvrl("plan", "--config", str(path), "--architecture", "qwen2.5-vl-7b", "--json")
+    assert result.returncode == 1
+    plan = json.loads(result.stdout)
+    assert not plan["fits"] and plan["peak"] > 80 * GIB
+    assert plan["suggestions"][0]["change"] == "model.init_args.gradient_checkpointing: true"
+    text = lvrl("plan", "--config", str(path), "--architecture", "qwen2.5-vl-7b")
+    assert (
+        text.returncode == 1
+        and "does not fit" in text.stdout
+        and "gradient_checkpointing: true" in text.stdout
+    )
+
+
+def test_lvrl_plan_reads_the_model_directory_or_names_the_presets(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo.yaml").read_text())
+    config["model"]["init_args"]["model_path"] = str(tiny_model_dir)
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = lvrl("plan", "--config", str(path), "--gpus", "1", "--device", "cpu", "--gpu-memory", "8GB")
+    assert result.returncode == 0, result.stderr
+    assert f"{tiny_model_dir}, 914K parameters" in result.stdout  # its config.json, not a preset
+    config["model"]["init_args"]["model_path"] = str(tmp_path / "missing")
+    path.write_text(yaml.safe_dump(config))
+    result = lvrl("plan", "--config", str(path), "--gpus", "1")
+    assert result.returncode != 0
+    assert "pass --architecture NAME (built-in: qwen2.5-vl-3b, qwen2.5-vl-7b)" in result.stderr
+
+
+def test_lvrl_plan_help_names_every_input() -> None:
+    result = lvrl("plan", "--help")
+    for key in (
+        "sequence_parallel_size",
+        "sharding",
+        "param_dtype",
+        "cpu_offload",
+        "freeze_vision",
+        "gradient_checkpointing",
+        "reference_placement",
+        "micro_batch_rows",
+        "num_frames",
+        "max_pixels_per_frame",
+        "batch_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "num_generations",
+        "max_new_tokens",
+        "enable_sleep_mode",
+    ):
+        assert key in result.stdout, key
+
+
+# -- the start-up check -------------------------------------------------------------------------------
+def sharded_demo_config(tiny_model_dir: Path, synth_dir: Path, **strategy) -> dict:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo.yaml").read_text())
+    config["model"]["init_args"]["model_path"] = str(tiny_model_dir)
+    config["data"]["init_args"].update(
+        train_shards=str(synth_dir / "train-*.tar"), val_shards=str(synth_dir / "val-*.tar")
+    )
+    config["trainer"].update(devices=1, accelerator="gpu")
+    config["trainer"]["strategy"] = {
+        "class_path": "parallel.strategy.SequenceParallelStrategy",
+        "init_args": {"sequence_parallel_size": 1, **strategy},
+    }
+    return config
+
+
+def test_a_gpu_too_small_for_the_plan_is_refused_with_the_suggestions(tiny_model_dir, synth_dir) -> None:
+    config = sharded_demo_config(tiny_model_dir, synth_dir)
+    model_config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert memory_problem(config, model_config, 80 * GIB) is None
+    # The framework overhead alone (2 GiB) exceeds a 1 GiB device.
+    problem = memory_problem(config, model_config, GIB)
+    assert problem is not None and "cannot fit" in problem and "check_memory_plan: false" in problem
+    with pytest.raises(ConfigError) as caught:
+        validate_config("fit", config, device_memory=GIB)
+    assert "the memory plan says this run cannot fit" in str(caught.value)
+    validate_config("fit", config, device_memory=80 * GIB)
+    off = sharded_demo_config(tiny_model_dir, synth_dir, check_memory_plan=False)
+    validate_config("fit", off, device_memory=GIB)
+    assert memory_problem(off, model_config, GIB) is None
+
+
+def test_the_check_names_what_would_fit(tiny_model_dir) -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config["model"]["init_args"]["gradient_checkpointing"] = False
+    problem = memory_problem(config, PUBLISHED_CONFIGS["qwen2.5-vl-7b"], 80 * GIB)
+    assert problem is not None
+    assert "model.init_args.gradient_checkpointing: true: saves" in problem
+    assert "Applied in that order, these fit: model.init_args.gradient_checkpointing: true" in problem
+
+
+def test_no_check_on_a_cpu_machine(tiny_model_dir, synth_dir) -> None:
+    """Without a CUDA device (this machine) the check does not run: nothing to compare with."""
+    config = sharded_demo_config(tiny_model_dir, synth_dir)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the check runs here")
+    validate_config("fit", config)
