@@ -170,9 +170,9 @@ def run_settings(
         micro_batch_rows=module.get("micro_batch_rows"),
         batch_size=int(data_args["batch_size"]),
         num_generations=int(rollout_args["num_generations"]),
-        # Today sequence-parallel rows are forwarded whole (parallel.prefill); only one-rank
-        # scoring shares the prompt pass.
-        # The policy pass does not share through checkpointed layers (models.grpo).
+        # Sequence-parallel ranks pack each prompt with its completions into one row
+        # (parallel.packing); planned here as whole rows, an upper bound (the one-rank shared
+        # pass model does not split tokens over ranks).
         shared_prompt_pass=kind == "grpo"
         and bool(module.get("share_prompt_prefix"))
         and size == 1

@@ -194,7 +194,7 @@ class RolloutCallback(Callback):
             self.settings,
             step=step,
             pad_token_id=pl_module.policy().tokenizer.pad_token_id,
-            length_multiple=shard.size if shard is not None else 1,
+            length_multiple=shard.length_multiple if shard is not None else 1,
         )
         self.engine.sleep()  # the trainer gets the device until the weight sync
         pl_module.receive_rollouts(rollouts)

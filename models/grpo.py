@@ -286,8 +286,14 @@ class GRPOModule(VLMModule):
         """
         if self.sequence_shard is not None:
             embeddings = input_embeddings(model, scoring, video_embeds, self.device)
+            # (Packed rows, no key/value cache: prompts are shared through checkpointed layers too.)
             return sequence_parallel_completion_logprobs(
-                model, scoring, embeddings, self.sequence_shard, entropy=entropy
+                model,
+                scoring,
+                embeddings,
+                self.sequence_shard,
+                entropy=entropy,
+                share_prompts=bool(self.hparams.share_prompt_prefix),
             )
         return completion_logprobs(
             model, scoring, video_embeds, entropy=entropy, share_prompts=self._shares_prompts(model)
