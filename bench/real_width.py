@@ -21,7 +21,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from models.build import PRESETS, make_config, make_processor, save_model_dir
+from models.build import PRESETS, instantiate, make_config, make_processor, save_model_dir
 
 # Qwen2.5-VL-7B-Instruct's published vision_config (config.json on the hub), copied as numbers.
 VISION_7B: dict[str, Any] = {
@@ -80,11 +80,8 @@ def merger_flops_missing(language_hidden: int) -> int:
 
 def build_real_width_model(vision_depth: int = 2, language: str = "tiny", seed: int = 0) -> tuple[Any, Any]:
     """In memory: ``(model, processor)``, 7B's vision widths with ``vision_depth`` blocks."""
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
-    from models.build import init_weights
-    from models.tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, train_tokenizer
+    from models.tokenizer import special_token_ids, train_tokenizer
 
     if vision_depth < 1:
         raise ValueError(f"vision_depth={vision_depth}: the tower needs at least one block")
@@ -107,20 +104,7 @@ def build_real_width_model(vision_depth: int = 2, language: str = "tiny", seed: 
     vision.fullatt_block_indexes = full_attention_blocks(vision_depth)
     # 7B's context (128k positions): a 1,024-frame video is ~33k tokens, past the presets' 32k.
     config.text_config.max_position_embeddings = 128000
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
-    try:
-        model = Qwen2_5_VLForConditionalGeneration(config)
-    finally:
-        torch.set_default_dtype(previous)
-    init_weights(model, INIT_STD, seed)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.text_config.bos_token_id,
-        eos_token_id=[tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)],
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-    )
-    return model.eval(), make_processor(tokenizer)
+    return instantiate(config, tokenizer, INIT_STD, seed), make_processor(tokenizer)
 
 
 def build_real_width_model_dir(out_dir: str | Path, vision_depth: int = 2, language: str = "tiny") -> Path:

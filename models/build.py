@@ -275,21 +275,29 @@ def _row_texts(row: Any) -> Iterator[str]:
 
 def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = ()) -> tuple[Any, Any]:
     """In memory: (model, processor) of ``preset`` with weights drawn from ``seed``."""
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
-
-    from models.tokenizer import EOS_TOKEN, PAD_TOKEN, special_token_ids, train_tokenizer
+    from models.tokenizer import special_token_ids, train_tokenizer
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     spec = PRESETS[preset]
     tokenizer = train_tokenizer(spec.vocab_size, read_corpus_files(corpus_files))
     config = make_config(spec, special_token_ids(tokenizer))
+    return instantiate(config, tokenizer, spec.init_std, seed), make_processor(tokenizer)
+
+
+def instantiate(config: Qwen2_5_VLConfig, tokenizer: Any, init_std: float, seed: int) -> Any:
+    """The model of ``config`` with weights drawn from ``seed``, generating until the end of the
+    assistant turn; in eval mode, float32, on the CPU."""
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+
+    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
+
     # Construct on the meta device would skip allocation, but init_weights overwrites every
     # tensor anyway and these models are small: build on CPU and keep the code obvious.
     with _default_dtype(torch.float32):
         model = Qwen2_5_VLForConditionalGeneration(config)
-    init_weights(model, spec.init_std, seed)
+    init_weights(model, init_std, seed)
     model.generation_config = GenerationConfig(
         bos_token_id=config.text_config.bos_token_id,
         # Stop at the end of the assistant turn, or at a bare end-of-text, like Qwen's Instruct models.
@@ -297,7 +305,7 @@ def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] =
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
     )
-    return model.eval(), make_processor(tokenizer)
+    return model.eval()
 
 
 @contextlib.contextmanager
