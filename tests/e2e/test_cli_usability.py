@@ -30,9 +30,9 @@ def run_main(monkeypatch, *argv: str) -> int:
 def test_overview_lists_every_command(monkeypatch, capsys) -> None:
     assert run_main(monkeypatch, "--help") == 0
     out = capsys.readouterr().out
-    for name in ("fit", "validate", "test", "predict", "data", "model", "report"):
+    for name in ("fit", "validate", "test", "predict", "data", "model", "report", "plan"):
         assert any(line.split()[:1] == [name] and len(line.split()) > 1 for line in out.splitlines()), name
-    assert set(COMMANDS) == {"fit", "validate", "test", "predict", "data", "model", "report"}
+    assert set(COMMANDS) == {"fit", "validate", "test", "predict", "data", "model", "report", "plan"}
 
 
 def test_unknown_command_names_the_close_one(monkeypatch, capsys) -> None:
