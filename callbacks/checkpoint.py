@@ -24,6 +24,7 @@ engine that cannot be restarted) also leaves a ``last.ckpt``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from types import FrameType
 from typing import Any
@@ -120,7 +121,12 @@ class RunCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
             for name in os.listdir(self.dirpath):  # left by a run killed while saving
                 if PARTIAL_MARKER in name:
-                    os.unlink(os.path.join(self.dirpath, name))
+                    path = os.path.join(self.dirpath, name)
+                    # (a sharded checkpoint is a folder: parallel.strategy writes it partial too)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
         super().setup(trainer, pl_module, stage)
 
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:

@@ -50,7 +50,8 @@ from parallel.sharding import ShardingSettings
 
 SHARDING_KINDS = ("full", "hybrid")
 PARTIAL_CHECKPOINT = ".partial-"
-"""In the name of a checkpoint folder being written (removed at the next start if left)."""
+"""In the name of a checkpoint folder being written (``callbacks.checkpoint.RunCheckpoint``
+removes one left by a killed run at the next start: the same marker as its files')."""
 
 
 class SequenceParallelStrategy(ModelParallelStrategy):
