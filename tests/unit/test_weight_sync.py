@@ -16,6 +16,7 @@ import torch
 from helpers.recording_engines import WeightRecorder
 from helpers.tolerances import assert_identical
 
+from models.architectures import PUBLISHED_CONFIGS
 from models.loading import load_model
 from rollout.hf_engine import TransformersEngine
 from rollout.weight_sync import MIB, SyncReport, fused_module_key, sync_weights, trainable_parameters
@@ -120,27 +121,9 @@ def test_qwen2_5_vl_7b_sync_holds_one_embedding_at_most() -> None:
     """
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    # Qwen2.5-VL-7B-Instruct's config.json sizes.
-    config = Qwen2_5_VLConfig(
-        text_config={
-            "hidden_size": 3584,
-            "intermediate_size": 18944,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 28,
-            "num_key_value_heads": 4,
-            "vocab_size": 152064,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
-        },
-        vision_config={
-            "depth": 32,
-            "hidden_size": 1280,
-            "intermediate_size": 3420,
-            "num_heads": 16,
-            "out_hidden_size": 3584,
-            "fullatt_block_indexes": [7, 15, 23, 31],
-        },
-        tie_word_embeddings=False,
-    )
+    # Qwen2.5-VL-7B-Instruct's config.json sizes (the planner's copy of the published file).
+    published = PUBLISHED_CONFIGS["qwen2.5-vl-7b"]
+    config = Qwen2_5_VLConfig(**{k: v for k, v in published.items() if k != "model_type"})
     with torch.device("meta"):
         model = Qwen2_5_VLForConditionalGeneration(config)
     for name, parameter in model.named_parameters():
