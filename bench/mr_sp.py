@@ -66,6 +66,7 @@ from bench.real_width import build_real_width_model_dir, describe, tokens_per_fr
 from bench.synthetic_video import video_inputs  # noqa: E402
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
+from models.families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402
 from models.logprobs import input_embeddings  # noqa: E402
 from models.vision import encode_videos  # noqa: E402
@@ -179,7 +180,7 @@ def rl_step_figures(
     pixels, grid = inputs["pixel_values_videos"], inputs["video_grid_thw"]
     tokenizer = processor.tokenizer
     video_token = tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    layout = PromptLayout.from_processor_output(inputs, 0, video_token, PositionRule.of(model.config))
+    layout = PromptLayout.from_processor_output(inputs, 0, video_token, position_rule_of(model.config))
     vision = model.config.vision_config
     generator = torch.Generator().manual_seed(0)
     completions = [

@@ -49,7 +49,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 from bench.real_width import build_real_width_model_dir, describe, tokens_per_frame  # noqa: E402
 from bench.synthetic_video import video_inputs  # noqa: E402 (after the sys.path fix)
-from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402 (after the sys.path fix)
+from core.layout import PromptLayout, ScoringBatch  # noqa: E402 (after the sys.path fix)
+from models.families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
 from models.logprobs import completion_logprobs  # noqa: E402 (after the sys.path fix)
 from models.vision import encode_videos  # noqa: E402 (after the sys.path fix)
@@ -104,7 +105,7 @@ def measure(
     with torch.no_grad():
         encode_s, (embeds,) = timed(lambda: encode_videos(model, pixels, grid))
     video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, position_rule_of(model.config))
     request = RolloutRequest(layout, layout.encoded_video(embeds))
     vllm_s, (result,) = timed(lambda: vllm.generate([request], sampling))
     batch = scoring_batch(request, result, processor.tokenizer.pad_token_id)

@@ -21,22 +21,19 @@ from typing import Any
 import torch
 
 from core.placeholders import collapse_video_placeholders
-from core.positions import mrope_positions_1d
+from core.positions import TemporalRule, mrope_positions_1d
 from core.video import VideoEmbedding
 
 
 @dataclass(frozen=True)
 class PositionRule:
-    """The model constants the M-RoPE rule needs (from the model's ``vision_config``)."""
+    """The model constants the M-RoPE rule needs; a model's comes from its family
+    (:func:`models.families.position_rule_of`)."""
 
     spatial_merge_size: int
-    tokens_per_second: float
-
-    @classmethod
-    def of(cls, config: object) -> PositionRule:
-        """The rule of a HF VLM config (or a config's ``vision_config``)."""
-        vision = getattr(config, "vision_config", config)
-        return cls(int(vision.spatial_merge_size), float(vision.tokens_per_second))
+    tokens_per_second: float | None
+    """Temporal positions per second of video (the ``scaled`` rule only)."""
+    temporal: TemporalRule = "scaled"
 
 
 @dataclass
@@ -53,6 +50,10 @@ class PromptLayout:
     """``(3,)`` the video's grid in patches (None: a text-only prompt)."""
     second_per_grid: float | None
     """Seconds per temporal patch of the video (None: a text-only prompt)."""
+    template_ids: list[int] | None = None
+    """The prompt as the chat template wrote it, before the processor expanded the video, for
+    an engine that expands it itself; None: collapsing each run of placeholders gives it back
+    (a family whose processor writes text between frames, Qwen3-VL's timestamps, sets it)."""
 
     @classmethod
     def build(
@@ -62,8 +63,11 @@ class PromptLayout:
         rule: PositionRule,
         video_grid_thw: torch.Tensor | None = None,
         second_per_grid: float | None = None,
+        template_ids: Sequence[int] | None = None,
     ) -> PromptLayout:
-        """The layout of an expanded prompt (as the model's processor returns it)."""
+        """The layout of an expanded prompt (as the model's processor returns it); ``template_ids``:
+        the prompt as the chat template wrote it, when collapsing the placeholders does not give
+        it back (see :attr:`template_ids`)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
         slots = ids == video_token_id
         grids = video_grid_thw.reshape(1, 3) if video_grid_thw is not None else torch.zeros(0, 3)
@@ -74,21 +78,36 @@ class PromptLayout:
             seconds,
             spatial_merge_size=rule.spatial_merge_size,
             tokens_per_second=rule.tokens_per_second,
+            temporal=rule.temporal,
         )
         grid = video_grid_thw.reshape(3) if video_grid_thw is not None else None
-        return cls(ids, slots, positions, grid, second_per_grid if grid is not None else None)
+        return cls(
+            ids,
+            slots,
+            positions,
+            grid,
+            second_per_grid if grid is not None else None,
+            list(template_ids) if template_ids is not None else None,
+        )
 
     @classmethod
     def from_processor_output(
-        cls, encoded: Mapping[str, Any], row: int, video_token_id: int, rule: PositionRule
+        cls,
+        encoded: Mapping[str, Any],
+        row: int,
+        video_token_id: int,
+        rule: PositionRule,
+        template_ids: Sequence[int] | None = None,
     ) -> PromptLayout:
-        """The layout of row ``row`` of a HF processor's output (expanded ids, one video per row)."""
+        """The layout of row ``row`` of a HF processor's output (expanded ids, one video per row;
+        its ``second_per_grid_ts`` as :func:`models.families.processor_video_inputs` completes it)."""
         return cls.build(
             encoded["input_ids"][row],
             video_token_id,
             rule,
             encoded["video_grid_thw"][row],
             float(encoded["second_per_grid_ts"][row]),
+            template_ids,
         )
 
     def __len__(self) -> int:
@@ -111,6 +130,8 @@ class PromptLayout:
 
     def collapsed_ids(self) -> list[int]:
         """The prompt with one placeholder per video, as the chat template wrote it."""
+        if self.template_ids is not None:
+            return list(self.template_ids)
         return collapse_video_placeholders(self.token_ids.tolist(), self.video_slots.tolist())
 
 

@@ -1,8 +1,10 @@
 """Turning decoded samples into model inputs, through the model's own processor.
 
 The processor expands the video placeholder to one ``<|video_pad|>`` per merged visual token
-and returns pixel patches, ``video_grid_thw`` and ``second_per_grid_ts`` (derived from the
-sampled frame rate we pass as metadata). The prompt and the assistant target are tokenised
+(Qwen3-VL's: one run per temporal patch, its timestamp written before it) and returns pixel
+patches and ``video_grid_thw``; ``second_per_grid_ts`` comes from the processor or, for the
+families whose processor does not return it, from the sampled frame rate we pass as metadata
+(:meth:`models.families.ModelFamily.second_per_grid`). The prompt and the assistant target are tokenised
 separately and concatenated, so the SFT label mask covers exactly the assistant tokens and
 generation sees exactly the prompt it was trained on.
 """
@@ -14,10 +16,11 @@ from typing import Any
 
 import torch
 
-from core.layout import PositionRule, PromptLayout
+from core.layout import PromptLayout
 from datamodules.prompts import assistant_target, chat_messages
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
+from models.families import ModelFamily
 
 IGNORE_INDEX = -100
 
@@ -87,18 +90,19 @@ class VideoQACollator:
     layout (prompt + target, right-padded) with ``labels`` that are ``-100`` outside the
     assistant tokens; ``video_mask`` marks the video slots of the prompt (a target that happens
     to contain the placeholder id is still text): the model module turns it into M-RoPE
-    positions with :mod:`core.positions`. Given a ``position_rule`` (the model's), it adds
-    ``prompts``: one :class:`~core.layout.PromptLayout` per sample, the prompt alone with its
-    positions, from which generation, rollouts and the RL scoring rows are all derived.
+    positions with :mod:`core.positions`. Given the model's ``family``, it adds ``prompts``: one
+    :class:`~core.layout.PromptLayout` per sample, the prompt alone with its positions, from
+    which generation, rollouts and the RL scoring rows are all derived (without it the processor
+    must return ``second_per_grid_ts`` itself, as Qwen2.5-VL's does).
     """
 
     def __init__(
-        self, processor: Any, *, with_targets: bool = True, position_rule: PositionRule | None = None
+        self, processor: Any, *, with_targets: bool = True, family: ModelFamily | None = None
     ) -> None:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.with_targets = with_targets
-        self.position_rule = position_rule
+        self.family = family
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has no pad token")
@@ -106,15 +110,25 @@ class VideoQACollator:
         self.video_token_id = self.tokenizer.convert_tokens_to_ids("<|video_pad|>")
 
     def encode_prompt(self, sample: VideoQASample) -> dict[str, Any]:
+        """The processor's output for one sample, with ``second_per_grid_ts`` and (for a family
+        that needs it) ``template_ids``: the prompt before the video was expanded."""
         prompt = self.processor.apply_chat_template(
             chat_messages(sample.row), tokenize=False, add_generation_prompt=True
         )
-        return self.processor(
-            text=[prompt],
-            videos=[sample.video.frames],
-            video_metadata=[video_metadata(sample)],
-            return_tensors="pt",
+        metadata = [video_metadata(sample)]
+        encoded = dict(
+            self.processor(
+                text=[prompt], videos=[sample.video.frames], video_metadata=metadata, return_tensors="pt"
+            )
         )
+        if self.family is not None:
+            encoded["second_per_grid_ts"] = self.family.second_per_grid(encoded, metadata)
+            encoded["template_ids"] = self.family.engine_template_ids(self.tokenizer, prompt)
+        elif "second_per_grid_ts" not in encoded:
+            raise ValueError(
+                "this processor returns no second_per_grid_ts: give the collator the model's family"
+            )
+        return encoded
 
     def encode_target(self, sample: VideoQASample) -> torch.Tensor:
         text = assistant_target(sample.row) + self.end_of_turn
@@ -161,9 +175,10 @@ class VideoQACollator:
                 for p, t in zip(prompts, targets, strict=True)
             ]
             batch["video_mask"] = _pad(video_slots, 0, "right")
-        if self.position_rule is not None:
+        if self.family is not None:
+            rule = self.family.position_rule
             batch["prompts"] = [
-                PromptLayout.from_processor_output(e, 0, self.video_token_id, self.position_rule)
+                PromptLayout.from_processor_output(e, 0, self.video_token_id, rule, e["template_ids"])
                 for e in encoded
             ]
         return batch

@@ -8,10 +8,10 @@ from typing import Any
 import lightning as L
 from transformers import AutoConfig, AutoProcessor
 
-from core.layout import PositionRule
 from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream, data_parallel_coordinates
+from models.families import ModelFamily, family_of
 from parallel.collectives import gather_from_all_ranks
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self.save_hyperparameters()
         self.skipped = SkipCounter()
         self._processor: Any = None
-        self._position_rule: PositionRule | None = None
+        self._family: ModelFamily | None = None
         # Where training is in the stream: per worker, the next raw position not yet trained on.
         # Data epochs are counted here, not taken from Lightning's epoch counter, which does not
         # always agree with the data after a resume at an epoch boundary.
@@ -133,11 +133,12 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         return self._processor
 
     @property
-    def position_rule(self) -> PositionRule:
-        """The model's M-RoPE constants, from the config next to the processor (the model's directory)."""
-        if self._position_rule is None:
-            self._position_rule = PositionRule.of(AutoConfig.from_pretrained(self.hparams.processor_path))
-        return self._position_rule
+    def family(self) -> ModelFamily:
+        """The model's family (its position rule, timing), from the config next to the processor
+        (the model's directory)."""
+        if self._family is None:
+            self._family = family_of(AutoConfig.from_pretrained(self.hparams.processor_path))
+        return self._family
 
     @property
     def val_frame_counts(self) -> list[int]:
@@ -205,7 +206,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> EpochAwareDataLoader:
         # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
-        collator = VideoQACollator(self.processor, with_targets=True, position_rule=self.position_rule)
+        collator = VideoQACollator(self.processor, with_targets=True, family=self.family)
         self._apply_resume_state(self.datasets["train"])
         return self._loader(self.datasets["train"], self.hparams.batch_size, collator, train=True)
 
@@ -283,7 +284,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         log.info("resuming the data stream in epoch %d after %d samples", mine["epoch"], trained)
 
     def _eval_loader(self, dataset: VideoQAStream) -> EpochAwareDataLoader:
-        collator = VideoQACollator(self.processor, with_targets=True, position_rule=self.position_rule)
+        collator = VideoQACollator(self.processor, with_targets=True, family=self.family)
         return self._loader(dataset, self.hparams.val_batch_size or self.hparams.batch_size, collator)
 
     def val_dataloader(self) -> EpochAwareDataLoader | list:

@@ -294,6 +294,7 @@ class GRPOModule(VLMModule):
                 self.sequence_shard,
                 entropy=entropy,
                 share_prompts=bool(self.hparams.share_prompt_prefix),
+                video_embeds=video_embeds,
             )
         return completion_logprobs(
             model, scoring, video_embeds, entropy=entropy, share_prompts=self._shares_prompts(model)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from core.layout import ScoringBatch
+from models.families import ModelFamily, VisualFeatures, family_of
 
 
 def completion_logprobs(
@@ -38,12 +39,18 @@ def completion_logprobs(
     work by about G times; the log-probs equal the one-row-at-a-time ones up to float rounding.
     """
     device = next(model.parameters()).device
+    family = family_of(model.config)
     embeddings = input_embeddings(model, batch, video_embeds, device)
     groups = first_row_of_prompt(batch) if share_prompts else []
     if len(set(groups)) < len(groups):
-        first_logits, completion_logits = _shared_prompt_logits(model, batch, embeddings, groups, device)
+        first_logits, completion_logits = _shared_prompt_logits(
+            model, family, batch, embeddings, video_embeds, groups, device
+        )
     else:
-        first_logits, completion_logits = _full_sequence_logits(model, batch, embeddings, device)
+        visual = _visual(family, batch.video_mask, batch, video_embeds, range(len(batch.prompt_of_row)))
+        first_logits, completion_logits = _full_sequence_logits(
+            model, family, batch, embeddings, visual, device
+        )
     out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
     for i in range(len(batch.prompt_lengths)):
         n = int(batch.completion_mask[i].sum())
@@ -76,21 +83,44 @@ def input_embeddings(
     video_embeds: Sequence[torch.Tensor | None],
     device: torch.device,
 ) -> torch.Tensor:
-    """Token embeddings with each row's prompt's cached visual tokens in its video slots."""
+    """Token embeddings with each row's prompt's cached visual tokens in its video slots (the
+    placeholder part of each cached encoding, :meth:`models.families.ModelFamily.split_encoding`)."""
     embeddings = model.get_input_embeddings()(batch.input_ids.to(device))
     rows_videos = [video_embeds[p] for p in batch.prompt_of_row]
     present = [e for e in rows_videos if e is not None]
     if not present:
         return embeddings
-    cached = torch.cat([e.to(device=device, dtype=embeddings.dtype) for e in present])
+    family = family_of(model.config)
+    cached = torch.cat(
+        [family.split_encoding(e)[0].to(device=device, dtype=embeddings.dtype) for e in present]
+    )
     slots = batch.video_mask.to(device)
     if int(slots.sum()) != cached.shape[0]:
         raise ValueError(f"{int(slots.sum())} video slots but {cached.shape[0]} cached visual tokens")
     return embeddings.masked_scatter(slots.unsqueeze(-1), cached)
 
 
+def _visual(
+    family: ModelFamily,
+    mask: torch.Tensor,
+    batch: ScoringBatch,
+    video_embeds: Sequence[torch.Tensor | None],
+    rows: Sequence[int],
+) -> VisualFeatures | None:
+    """The features to inject for rows ``rows`` whose visual tokens ``mask`` marks."""
+    extra = family.visual_extras(batch, video_embeds, rows)
+    if extra is None:
+        return None
+    return VisualFeatures(mask.to(extra.device), extra)
+
+
 def _full_sequence_logits(
-    model: torch.nn.Module, batch: ScoringBatch, embeddings: torch.Tensor, device: torch.device
+    model: torch.nn.Module,
+    family: ModelFamily,
+    batch: ScoringBatch,
+    embeddings: torch.Tensor,
+    visual: VisualFeatures | None,
+    device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row forwarded whole: ``(rows, vocab)`` logits predicting each row's first completion
     token and ``(rows, max_completion_len, vocab)`` logits predicting the ones after it."""
@@ -98,7 +128,9 @@ def _full_sequence_logits(
     # start - 1 on; logits before the shortest prompt's end are never needed (and, for a long
     # video prompt with a large vocabulary, would be the biggest tensor of the pass).
     keep_from = min(batch.prompt_lengths) - 1
-    logits = model(
+    logits = family.forward(
+        model,
+        visual=visual,
         inputs_embeds=embeddings,
         attention_mask=batch.attention_mask.to(device),
         position_ids=batch.position_ids.to(device),
@@ -114,8 +146,10 @@ def _full_sequence_logits(
 
 def _shared_prompt_logits(
     model: torch.nn.Module,
+    family: ModelFamily,
     batch: ScoringBatch,
     embeddings: torch.Tensor,
+    video_embeds: Sequence[torch.Tensor | None],
     groups: list[int],
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,7 +163,11 @@ def _shared_prompt_logits(
     lengths = torch.tensor([batch.prompt_lengths[r] for r in leaders])
     prompt_len = int(lengths.max())
     prompt_mask = (torch.arange(prompt_len).unsqueeze(0) < lengths.unsqueeze(1)).long().to(device)
-    prompt_pass = model(
+    # The completions hold no video slot: only the prompt pass gets the per-visual-token features.
+    visual = _visual(family, batch.video_mask[leaders, :prompt_len], batch, video_embeds, leaders)
+    prompt_pass = family.forward(
+        model,
+        visual=visual,
         inputs_embeds=embeddings[leaders, :prompt_len],
         attention_mask=prompt_mask,
         position_ids=batch.position_ids[:, leaders, :prompt_len].to(device),

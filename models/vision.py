@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from models.families import family_of
+
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
     """The vision encoder of a HF VLM (``model.model.visual`` for the Qwen-VL families)."""
@@ -17,14 +19,10 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 def encode_videos(
     model: torch.nn.Module, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor
 ) -> list[torch.Tensor]:
-    """Run the vision tower (and merger) once; one ``(num_visual_tokens, hidden)`` tensor per video."""
-    inner = getattr(model, "model", model)
-    tower = vision_tower(model)
-    pixels = pixel_values_videos.to(
-        device=next(tower.parameters()).device, dtype=next(tower.parameters()).dtype
-    )
-    output = inner.get_video_features(pixels, video_grid_thw, return_dict=True)
-    return list(output.pooler_output)
+    """Run the vision tower (and merger) once; one ``(num_visual_tokens, visual_width)`` tensor per
+    video, as the model's family caches it (:mod:`models.families`)."""
+    vision_tower(model)  # a clear error for a model without one (e.g. the reference)
+    return family_of(model.config).encode_videos(model, pixel_values_videos, video_grid_thw)
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -24,7 +24,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.device_mesh import DeviceMesh
 
 from core.failures import NonFiniteUpdates
-from core.layout import PositionRule
 from core.positions import mrope_position_ids
 from evaluation.evaluator import (
     Evaluator,
@@ -36,6 +35,7 @@ from evaluation.evaluator import (
     write_predictions,
 )
 from models.export import save_hf_model
+from models.families import ModelFamily, family_of
 from models.loading import load_model, load_processor
 from models.vision import decoder_blocks, encode_videos, vision_tower
 from parallel.contract import AttentionHeads, ShardingStrategy
@@ -243,21 +243,27 @@ class VLMModule(L.LightningModule):
         assert self.model is not None
         if self.sequence_shard is None:
             return encode_videos(self.model, pixels, grid_thw)
-        vision_config = self.model.config.vision_config
+        family = self.family
         return encode_videos_sequence_parallel(
             functools.partial(encode_videos, self.model),
             pixels,
             grid_thw,
             self.sequence_shard.group,
-            spatial_merge_size=int(vision_config.spatial_merge_size),
-            hidden_size=int(vision_config.out_hidden_size),
+            spatial_merge_size=family.spatial_merge_size,
+            hidden_size=family.visual_width,
             device=self.device,
+            dtype=next(vision_tower(self.model).parameters()).dtype,
         )
+
+    @property
+    def family(self) -> ModelFamily:
+        """The model's family (:mod:`models.families`), from its config."""
+        assert self.model is not None
+        return family_of(self.model.config)
 
     def position_ids(self, batch: dict[str, Any]) -> torch.Tensor:
         """M-RoPE positions of the teacher-forcing rows, by the rule of rollouts (:mod:`core.positions`)."""
-        assert self.model is not None
-        rule = PositionRule.of(self.model.config)
+        rule = self.family.position_rule
         return mrope_position_ids(
             batch["video_mask"],
             batch["attention_mask"],
@@ -265,6 +271,7 @@ class VLMModule(L.LightningModule):
             batch["second_per_grid_ts"],
             spatial_merge_size=rule.spatial_merge_size,
             tokens_per_second=rule.tokens_per_second,
+            temporal=rule.temporal,
         )
 
     def forward_logits(self, batch: dict[str, Any], logits_to_keep: int = 0) -> torch.Tensor:

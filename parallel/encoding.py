@@ -54,12 +54,15 @@ def encode_videos_sequence_parallel(
     spatial_merge_size: int,
     hidden_size: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> list[torch.Tensor]:
     """``encode`` (the model's vision tower, e.g. :func:`models.vision.encode_videos`) with the work
     split over ``group`` (no gradient).
 
     Every rank passes the same batch and gets every video's embeddings back. The model side
-    says what this needs to know of the tower: its spatial merge, its output width, its device.
+    says what this needs to know of the tower: its spatial merge, its output width (the cached
+    encoding's, DeepStack features included), its device and dtype (what a rank with nothing to
+    encode contributes to the all-gather must match the others' tensors).
     """
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     merge = spatial_merge_size**2
@@ -80,7 +83,7 @@ def encode_videos_sequence_parallel(
             grids = torch.tensor([[n, *video_grid_thw[v, 1:].tolist()] for v, t, n in mine])
             local = torch.cat(encode(pixels, grids))
         else:  # more ranks than temporal patches
-            local = torch.zeros(0, hidden_size, device=device)
+            local = torch.zeros(0, hidden_size, device=device, dtype=dtype)
         tokens = [sum(n * patches_per_step[v] // merge for v, _, n in run) for run in runs]
         padded = torch.zeros(max(tokens), local.shape[1], dtype=local.dtype, device=local.device)
         padded[: local.shape[0]] = local

@@ -44,6 +44,12 @@ class ScoringRows:
     spans: list[tuple[int, int, int]]
     """Per batch row ``(row, first, count)``: positions ``first .. first + count - 1`` of ``row``
     predict its ``count`` completion tokens."""
+    visual_mask: torch.Tensor
+    """``(rows, length)`` True at the video slots (a family with per-visual-token features, Qwen3-VL's
+    DeepStack, injects them there)."""
+    source_rows: list[int]
+    """The batch row whose prompt (and video) each row holds: a row's visual tokens are that
+    row's video slots, in order."""
 
     def padded_to(self, multiple: int) -> ScoringRows:
         """Right-padded to a width that divides by ``multiple`` (padding is never attended by a
@@ -60,6 +66,8 @@ class ScoringRows:
             pad(self.targets, (0, missing)),
             None if self.segments is None else pad(self.segments, (0, missing), value=PADDING),
             self.spans,
+            pad(self.visual_mask, (0, missing), value=False),
+            self.source_rows,
         )
 
 
@@ -88,7 +96,9 @@ def whole_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> ScoringRows:
     targets = torch.zeros(rows, length, dtype=torch.long)
     targets[:, : length - 1] = batch.input_ids[:, 1:]
     spans = [(i, start - 1, completion_count(batch, i)) for i, start in enumerate(batch.prompt_lengths)]
-    return ScoringRows(embeddings, batch.position_ids, targets, None, spans)
+    return ScoringRows(
+        embeddings, batch.position_ids, targets, None, spans, batch.video_mask, list(range(rows))
+    )
 
 
 def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> ScoringRows:
@@ -132,18 +142,25 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
     packed_positions = torch.zeros(3, rows, width, dtype=batch.position_ids.dtype)
     packed_targets = torch.zeros(rows, width, dtype=torch.long)
     packed_segments = torch.full((rows, width), PADDING, dtype=torch.long)
+    # Video slots lie in the shared prompt only (completions and the prompt's last token are text).
+    packed_visual = torch.zeros(rows, width, dtype=torch.bool)
     for row, (row_embeddings, row_positions, row_targets, row_segments) in enumerate(pieces):
         length = len(row_targets)
         packed_embeddings[row, :length] = row_embeddings
         packed_positions[:, row, :length] = row_positions
         packed_targets[row, :length] = row_targets
         packed_segments[row, :length] = row_segments
+    for row, leader in enumerate(leaders.values()):
+        shared = batch.prompt_lengths[leader] - 1
+        packed_visual[row, :shared] = batch.video_mask[leader, :shared]
     return ScoringRows(
         packed_embeddings,
         packed_positions,
         packed_targets,
         packed_segments,
         [spans[row] for row in range(len(batch.prompt_of_row))],
+        packed_visual,
+        list(leaders.values()),
     )
 
 

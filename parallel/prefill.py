@@ -11,7 +11,8 @@ shard.length_multiple``) are split without copying; others are right-padded here
 Everything that depends on the whole sequence was computed on the whole sequence before
 splitting: the M-RoPE positions (in the layout) and the next-token targets (shifted by one on
 the whole row, so the token after a chunk boundary is still the target of the chunk's last
-position). This module knows no model family: it takes the embeddings.
+position). It takes the embeddings built by the model side; the forward is the model family's
+(:meth:`models.families.ModelFamily.forward`, which injects Qwen3-VL's DeepStack features).
 Attention crosses ranks through Ulysses or ring attention (:mod:`parallel.attention`). Each
 rank scores its own positions, and the per-position log-probs are gathered back into row order
 so that every rank holds the full ``(rows, completion)`` tensor. With ``share_prompts`` the rows
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from core.layout import ScoringBatch
+from models.families import VisualFeatures, family_of
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
 from parallel.packing import shared_prompt_rows, whole_rows
 from parallel.shard import SequenceShard
@@ -72,6 +74,7 @@ def sequence_parallel_completion_logprobs(
     shard: SequenceShard,
     entropy: torch.Tensor | None = None,
     share_prompts: bool = False,
+    video_embeds: Sequence[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """``(rows, max_completion_len)`` completion log-probs, as :func:`models.logprobs.completion_logprobs`.
 
@@ -81,7 +84,10 @@ def sequence_parallel_completion_logprobs(
     distinct prompt once with all its completions packed after it
     (:func:`parallel.packing.shared_prompt_rows`: about G times less prompt work for G
     completions a prompt; the same log-probs and gradients up to float rounding). A width that
-    does not divide into ``shard.length_multiple`` parts is right-padded first.
+    does not divide into ``shard.length_multiple`` parts is right-padded first. ``video_embeds``
+    (the prompts' cached encodings, as ``completion_logprobs`` takes them) are needed only by a
+    family with per-visual-token features (Qwen3-VL's DeepStack): each rank injects those of
+    its own positions' visual tokens.
     """
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
@@ -104,7 +110,15 @@ def sequence_parallel_completion_logprobs(
     # the pass. A rank holding only prompt positions keeps none.
     keep = torch.nonzero(mine >= min(first for _, first, _ in scoring.spans)).squeeze(1)
     segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
-    logits = model(
+    family = family_of(model.config)
+    extra = None if video_embeds is None else family.visual_extras(batch, video_embeds, scoring.source_rows)
+    visual = None
+    if extra is not None:
+        visual = VisualFeatures(scoring.visual_mask, extra.to(device)).select(columns=mine)
+        visual.mask = visual.mask.to(device)
+    logits = family.forward(
+        model,
+        visual=visual,
         inputs_embeds=local_embeddings,
         position_ids=scoring.positions[:, :, mine].to(device),
         attention_mask=None,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from models.families import VisualFeatures, family_of
 from rollout.base import (
     Completion,
     PolicyHandle,
@@ -78,12 +79,19 @@ class TransformersEngine(RolloutEngine):
         n = sampling.n
         ids = torch.tensor([prompt] * n, device=device)
         embeddings = model.get_input_embeddings()(ids)
+        family = family_of(model.config)
+        visual = None
         if video is not None:
             slots = layout.video_slots.to(device).expand(n, -1)
-            cached = video.embeds.to(device=device, dtype=embeddings.dtype).repeat(n, 1)
+            placeholders, extra = family.split_encoding(video.embeds.to(device))
+            cached = placeholders.to(dtype=embeddings.dtype).repeat(n, 1)
             embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), cached)
+            if extra is not None:  # per-visual-token features (DeepStack), injected in the prefill
+                visual = VisualFeatures(slots, extra.repeat(n, 1))
         attention = torch.ones(n, len(prompt), dtype=torch.long, device=device)
-        out = model(
+        out = family.forward(
+            model,
+            visual=visual,
             inputs_embeds=embeddings,
             attention_mask=attention,
             position_ids=layout.positions.to(device).unsqueeze(1).expand(3, n, -1),

@@ -28,7 +28,8 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identi
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from core.layout import PositionRule, PromptLayout, ScoringBatch, pad_rows
+from core.layout import PromptLayout, ScoringBatch, pad_rows
+from models.families import position_rule_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.vision import encode_videos
@@ -51,7 +52,7 @@ def setup(tiny_model_dir: Path):
     with torch.no_grad():
         (embeds,) = encode_videos(model, encoded["pixel_values_videos"], encoded["video_grid_thw"])
     video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(model.config))
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, position_rule_of(model.config))
     request = RolloutRequest(layout, layout.encoded_video(embeds))
     engine = start_vllm(tiny_model_dir, model, processor)
     return processor, model, prompt, request, engine

@@ -7,10 +7,11 @@ from pathlib import Path
 import torch
 from transformers import AutoProcessor
 
-from core.layout import PositionRule, ScoringBatch
+from core.layout import ScoringBatch
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from models.families import family_of
 from models.loading import load_model
 from models.vision import encode_videos
 
@@ -32,7 +33,7 @@ def video_scoring_rows(
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
     model = load_model(model_dir)
-    batch = VideoQACollator(processor, position_rule=PositionRule.of(model.config))(samples)
+    batch = VideoQACollator(processor, family=family_of(model.config))(samples)
     with torch.no_grad():
         videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
     prompts = batch["prompts"]

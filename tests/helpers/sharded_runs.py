@@ -19,11 +19,12 @@ import lightning as L
 import torch
 from transformers import AutoProcessor
 
-from core.layout import PositionRule, PromptLayout, ScoringBatch, pad_rows
+from core.layout import PromptLayout, ScoringBatch, pad_rows
 from core.video import VideoEmbedding
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from models.families import family_of
 from models.loading import load_model
 from models.vision import encode_videos
 from parallel.sharding import full_tensor
@@ -55,7 +56,7 @@ def rollout_parts(model_dir: Path, synth_dir: Path, prompts: int, steps: int) ->
     stream = VideoQAStream(resolve_shards(str(synth_dir / "train-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(prompts), stream, strict=False)]
     model = load_model(model_dir)
-    batch = VideoQACollator(processor, position_rule=PositionRule.of(model.config))(samples)
+    batch = VideoQACollator(processor, family=family_of(model.config))(samples)
     with torch.no_grad():
         embeds = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
     layouts: list[PromptLayout] = batch["prompts"]

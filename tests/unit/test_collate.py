@@ -8,19 +8,19 @@ import torch
 from helpers.tolerances import assert_float32_close
 from transformers import AutoConfig, AutoProcessor
 
-from core.layout import PositionRule
 from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.prompts import assistant_target
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from models.families import family_of
 
 
 def _batch(model_dir: Path, synth_dir: Path, n: int = 3):
     processor = AutoProcessor.from_pretrained(model_dir)
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(n), stream, strict=False)]
-    rule = PositionRule.of(AutoConfig.from_pretrained(model_dir))
-    collator = VideoQACollator(processor, with_targets=True, position_rule=rule)
+    family = family_of(AutoConfig.from_pretrained(model_dir))
+    collator = VideoQACollator(processor, with_targets=True, family=family)
     return processor, samples, collator(samples)
 
 

@@ -12,10 +12,11 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identi
 from transformers import AutoProcessor
 
 from core.failures import RolloutFailed
-from core.layout import PositionRule, pad_rows
+from core.layout import pad_rows
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.vision import encode_videos
@@ -30,9 +31,7 @@ from rollout.supervision import EngineSupervisor
 def prompt_batch(model_dir: Path, synth_dir: Path, model: torch.nn.Module) -> PromptBatch:
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
-    collator = VideoQACollator(
-        AutoProcessor.from_pretrained(model_dir), position_rule=PositionRule.of(model.config)
-    )
+    collator = VideoQACollator(AutoProcessor.from_pretrained(model_dir), family=family_of(model.config))
     return PromptBatch.of(collator(samples))
 
 

@@ -2,7 +2,9 @@
 
 Read from the source (every ``import`` statement, including those inside functions), so an
 import added anywhere counts. The table is the architecture: a package may import only the
-packages listed for it; ``app`` (the command line) may import everything.
+packages listed for it; ``app`` (the command line) may import everything. The model-family
+adapters (``models/families``) are a layer of their own, below the generic machinery that asks
+them (sequence-parallel prefill, engines, collator): they count as the node ``models.families``.
 """
 
 from __future__ import annotations
@@ -12,29 +14,43 @@ from pathlib import Path
 
 from helpers.cli import REPO_ROOT
 
+FAMILIES = "models.families"
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
+    FAMILIES: {"core"},
     "rewards": {"core"},
-    "parallel": {"core"},
-    "rollout": {"core", "rewards", "parallel"},
-    "datamodules": {"core", "parallel"},
-    "datatools": {"core", "datamodules"},
+    "parallel": {"core", FAMILIES},
+    "rollout": {"core", "rewards", "parallel", FAMILIES},
+    "datamodules": {"core", "parallel", FAMILIES},
+    "datatools": {"core", "datamodules", FAMILIES},
     "evaluation": {"core", "rewards", "rollout"},
-    "models": {"core", "parallel", "rollout", "rewards", "evaluation"},
-    "callbacks": {"core", "parallel", "rollout", "rewards", "evaluation", "models", "datamodules"},
+    "models": {"core", "parallel", "rollout", "rewards", "evaluation", FAMILIES},
+    "callbacks": {"core", "parallel", "rollout", "rewards", "evaluation", "models", "datamodules", FAMILIES},
 }
 PACKAGES = {*ALLOWED, "app"}
+
+
+def node_of(dotted: str) -> str:
+    """The graph node of a module name or path: its top-level package, or ``models.families``.
+
+    >>> node_of("models.families.qwen3_vl"), node_of("models.grpo")
+    ('models.families', 'models')
+    """
+    return FAMILIES if dotted == FAMILIES or dotted.startswith(FAMILIES + ".") else dotted.split(".")[0]
 
 
 def package_imports(root: Path = REPO_ROOT) -> dict[str, dict[str, set[str]]]:
     """``{package: {imported package: {files that import it}}}`` over our packages under ``root``."""
     graph: dict[str, dict[str, set[str]]] = {}
     for package in sorted(PACKAGES):
-        folder = root / package
+        folder = root / package.replace(".", "/")
         if not folder.is_dir():
             continue
-        edges = graph.setdefault(package, {})
         for path in sorted(folder.rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            if node_of(module) != package:
+                continue  # models/families/*.py belongs to the node of its own
+            edges = graph.setdefault(package, {})
             tree = ast.parse(path.read_text(), filename=str(path))
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
@@ -44,7 +60,7 @@ def package_imports(root: Path = REPO_ROOT) -> dict[str, dict[str, set[str]]]:
                 else:
                     continue
                 for name in names:
-                    top = name.split(".")[0]
+                    top = node_of(name)
                     if top in PACKAGES and top != package:
                         edges.setdefault(top, set()).add(str(path.relative_to(root)))
     return graph

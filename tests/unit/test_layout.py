@@ -9,6 +9,7 @@ from helpers.tolerances import assert_identical
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch
 from core.positions import mrope_position_ids
+from models.families import family_of
 
 VIDEO = 9
 
@@ -22,10 +23,11 @@ def test_completion_positions_continue_the_prompt_like_whole_rows(
     from datamodules.shards import resolve_shards
     from datamodules.stream import VideoQAStream
 
-    rule = PositionRule.of(AutoConfig.from_pretrained(tiny_model_dir))
+    family = family_of(AutoConfig.from_pretrained(tiny_model_dir))
+    rule = family.position_rule
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
-    batch = VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), position_rule=rule)(samples)
+    batch = VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), family=family)(samples)
     owners = [0, 1, 1, 0]
     video_id = int(batch["prompts"][0].token_ids[batch["prompts"][0].video_slots][0])
     # A completion may contain the placeholder id: it is text there.

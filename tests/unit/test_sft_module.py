@@ -9,10 +9,10 @@ import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoConfig, AutoProcessor
 
-from core.layout import PositionRule
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from models.families import family_of
 from models.sft import SFTModule
 from models.vision import vision_tower
 
@@ -21,8 +21,8 @@ from models.vision import vision_tower
 def batch(tiny_model_dir: Path, synth_dir: Path) -> dict:
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
-    rule = PositionRule.of(AutoConfig.from_pretrained(tiny_model_dir))
-    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), position_rule=rule)(samples)
+    family = family_of(AutoConfig.from_pretrained(tiny_model_dir))
+    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), family=family)(samples)
 
 
 def test_loss_is_the_mean_over_assistant_tokens(tiny_model_dir: Path, batch: dict) -> None:
