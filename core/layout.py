@@ -50,6 +50,8 @@ class PromptLayout:
     """``(3,)`` the video's grid in patches (None: a text-only prompt)."""
     second_per_grid: float | None
     """Seconds per temporal patch of the video (None: a text-only prompt)."""
+    timestamps: list[float] | None = None
+    """Each temporal patch's time in seconds, for a family whose prompt writes it (Qwen3-VL)."""
     template_ids: list[int] | None = None
     """The prompt as the chat template wrote it, before the processor expanded the video, for
     an engine that expands it itself; None: collapsing each run of placeholders gives it back
@@ -64,6 +66,7 @@ class PromptLayout:
         video_grid_thw: torch.Tensor | None = None,
         second_per_grid: float | None = None,
         template_ids: Sequence[int] | None = None,
+        timestamps: Sequence[float] | None = None,
     ) -> PromptLayout:
         """The layout of an expanded prompt (as the model's processor returns it); ``template_ids``:
         the prompt as the chat template wrote it, when collapsing the placeholders does not give
@@ -87,6 +90,7 @@ class PromptLayout:
             positions,
             grid,
             second_per_grid if grid is not None else None,
+            list(timestamps) if timestamps is not None and grid is not None else None,
             list(template_ids) if template_ids is not None else None,
         )
 
@@ -98,9 +102,11 @@ class PromptLayout:
         video_token_id: int,
         rule: PositionRule,
         template_ids: Sequence[int] | None = None,
+        timestamps: Sequence[float] | None = None,
     ) -> PromptLayout:
         """The layout of row ``row`` of a HF processor's output (expanded ids, one video per row;
-        its ``second_per_grid_ts`` as :func:`models.families.processor_video_inputs` completes it)."""
+        ``second_per_grid_ts`` as the model's family completes it,
+        :meth:`models.families.ModelFamily.second_per_grid`)."""
         return cls.build(
             encoded["input_ids"][row],
             video_token_id,
@@ -108,6 +114,7 @@ class PromptLayout:
             encoded["video_grid_thw"][row],
             float(encoded["second_per_grid_ts"][row]),
             template_ids,
+            timestamps,
         )
 
     def __len__(self) -> int:
@@ -126,7 +133,7 @@ class PromptLayout:
         """This prompt's video as encoded by the vision tower (``embeds``: its visual tokens)."""
         if self.video_grid_thw is None or self.second_per_grid is None:
             raise ValueError("a text-only prompt has no video to encode")
-        return VideoEmbedding(embeds, self.video_grid_thw, self.second_per_grid)
+        return VideoEmbedding(embeds, self.video_grid_thw, self.second_per_grid, self.timestamps)
 
     def collapsed_ids(self) -> list[int]:
         """The prompt with one placeholder per video, as the chat template wrote it."""

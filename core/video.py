@@ -18,6 +18,8 @@ class VideoEmbedding:
     """``(3,)`` grid in patches: temporal patches, height patches, width patches."""
     second_per_grid: float
     """Seconds spanned by one temporal patch (drives the temporal M-RoPE positions)."""
+    timestamps: list[float] | None = None
+    """Each temporal patch's time in seconds, for a family whose prompt writes it (Qwen3-VL)."""
 
 
 VideoEncoder = Callable[[torch.Tensor, torch.Tensor], list[torch.Tensor]]

@@ -124,6 +124,7 @@ class VideoQACollator:
         if self.family is not None:
             encoded["second_per_grid_ts"] = self.family.second_per_grid(encoded, metadata)
             encoded["template_ids"] = self.family.engine_template_ids(self.tokenizer, prompt)
+            encoded["timestamps"] = self.family.patch_timestamps(metadata[0])
         elif "second_per_grid_ts" not in encoded:
             raise ValueError(
                 "this processor returns no second_per_grid_ts: give the collator the model's family"
@@ -178,7 +179,9 @@ class VideoQACollator:
         if self.family is not None:
             rule = self.family.position_rule
             batch["prompts"] = [
-                PromptLayout.from_processor_output(e, 0, self.video_token_id, rule, e["template_ids"])
+                PromptLayout.from_processor_output(
+                    e, 0, self.video_token_id, rule, e["template_ids"], e["timestamps"]
+                )
                 for e in encoded
             ]
         return batch

