@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
+from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
@@ -102,7 +103,7 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
         scores_computed[0] = 0
         embeddings = input_embeddings(model, scoring, videos, torch.device("cpu"))
         logprobs = sequence_parallel_completion_logprobs(
-            model, scoring, embeddings, shard, entropy=entropy, share_prompts=share
+            model, scoring, embeddings, shard, entropy=entropy, share_prompts=share, video_embeds=videos
         )
         loss_of(logprobs).backward()
         sum_gradients_over(list(model.parameters()), shard.group)
@@ -117,15 +118,15 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
                 Path(out_dir) / f"{name_of(attention, layout, share)}.pt",
             )
     torch.save(work, Path(out_dir) / f"work-rank{rank}.pt")
-    vision = model.config.vision_config
+    family = family_of(model.config)
     encoded = [
         encode_videos_sequence_parallel(
             functools.partial(encode_videos, model),
             pixels,
             grid,
             dist.group.WORLD,
-            spatial_merge_size=vision.spatial_merge_size,
-            hidden_size=vision.out_hidden_size,
+            spatial_merge_size=family.spatial_merge_size,
+            hidden_size=family.visual_width,
             device=torch.device("cpu"),
         )
         for pixels, grid in encoding_inputs(model)
