@@ -44,7 +44,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         val_num_frames: evaluate at each of these frame counts (a frame-count sweep: one
             validation dataloader per count, in order); ``null``: at ``num_frames`` only.
         max_pixels_per_frame: pixel budget of a frame; frames are resized while decoding to the
-            largest multiple-of-28 size within it (128*28*28 is the paper's setting).
+            largest size within it whose sides are multiples of the pixels one merged visual
+            token covers (28 for Qwen2/2.5-VL, 32 for Qwen3-VL: the model's family says);
+            128*28*28 is the paper's setting.
         batch_size: samples per training batch and data-parallel rank.
         val_batch_size: samples per validation batch (defaults to ``batch_size``).
         num_workers: dataloader worker processes per rank (decoding runs there).
@@ -156,6 +158,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             shards,
             num_frames=num_frames or self.hparams.num_frames,
             max_pixels=self.hparams.max_pixels_per_frame,
+            frame_factor=self.family.merged_patch_pixels,
             sample_fps=self.hparams.sample_fps,
             data_parallel_rank=rank,
             data_parallel_size=size,

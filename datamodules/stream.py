@@ -30,7 +30,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from datamodules.rows import MalformedRow, QARow, parse_row
-from datamodules.video import SampledVideo, VideoDecodeError, decode_video
+from datamodules.video import PATCH_FACTOR, SampledVideo, VideoDecodeError, decode_video
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +140,8 @@ class VideoQAStream(IterableDataset):
         num_frames: frames sampled uniformly over each video (the cap when ``sample_fps`` is set).
         sample_fps: sample this many frames per second of video instead, up to ``num_frames``.
         max_pixels: per-frame pixel budget; frames are resized to fit it while decoding.
+        frame_factor: frame sides are multiples of this (the pixels one merged visual token
+            covers: 28 for Qwen2/2.5-VL, 32 for Qwen3-VL), so the processor never resizes again.
         data_parallel_rank / data_parallel_size: this rank's place among data-parallel replicas.
         shuffle: shuffle shard order each epoch and samples within a buffer.
         shuffle_buffer: samples held for shuffling (0: shard order only).
@@ -162,6 +164,7 @@ class VideoQAStream(IterableDataset):
         *,
         num_frames: int,
         max_pixels: int,
+        frame_factor: int = PATCH_FACTOR,
         sample_fps: float | None = None,
         data_parallel_rank: int = 0,
         data_parallel_size: int = 1,
@@ -177,6 +180,7 @@ class VideoQAStream(IterableDataset):
         self.shards = list(shards)
         self.num_frames = num_frames
         self.max_pixels = max_pixels
+        self.frame_factor = frame_factor
         self.sample_fps = sample_fps
         self.data_parallel_rank = data_parallel_rank
         self.data_parallel_size = data_parallel_size
@@ -253,7 +257,13 @@ class VideoQAStream(IterableDataset):
             self._reject(shard, key, "no_video", f"no video member (looked for {looked})")
             return None
         try:
-            video = decode_video(raw[video_ext], self.num_frames, self.max_pixels, sample_fps=self.sample_fps)
+            video = decode_video(
+                raw[video_ext],
+                self.num_frames,
+                self.max_pixels,
+                sample_fps=self.sample_fps,
+                factor=self.frame_factor,
+            )
         except VideoDecodeError as err:
             self._reject(shard, key, "bad_video", f"bad video: {err}")
             return None

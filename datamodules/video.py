@@ -20,7 +20,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-# Qwen2.5-VL sees 14x14 patches merged 2x2, so frame sides must be multiples of 28.
+# Qwen2-VL and Qwen2.5-VL see 14x14 patches merged 2x2, so frame sides are multiples of 28 by
+# default; Qwen3-VL's 16x16 patches want 32 (the model's family says: ``merged_patch_pixels``).
 PATCH_FACTOR = 28
 
 
@@ -225,9 +226,15 @@ def sampled_frame_count(total_num_frames: int, fps: float, num_frames: int, samp
 
 
 def decode_video(
-    source: bytes | str | Path, num_frames: int, max_pixels: int, *, sample_fps: float | None = None
+    source: bytes | str | Path,
+    num_frames: int,
+    max_pixels: int,
+    *,
+    sample_fps: float | None = None,
+    factor: int = PATCH_FACTOR,
 ) -> SampledVideo:
-    """Decode frames spaced uniformly over the whole video, each resized to fit ``max_pixels``.
+    """Decode frames spaced uniformly over the whole video, each resized to fit ``max_pixels``
+    with sides that are multiples of ``factor``.
 
     Samples ``num_frames`` frames, or with ``sample_fps`` that many per second of video up to
     ``num_frames``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
@@ -237,7 +244,7 @@ def decode_video(
         stream, info = read_video_info(container)
         count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
         indices = uniform_frame_indices(info.num_frames, count)
-        height, width = fit_to_pixel_budget(info.height, info.width, max_pixels)
+        height, width = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
         decoded = {
             index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
             for index, frame in frames_at(container, stream, info, indices)

@@ -81,6 +81,12 @@ class ModelFamily:
         return int(self.vision.spatial_merge_size)
 
     @property
+    def merged_patch_pixels(self) -> int:
+        """The side in pixels of the square one merged visual token covers (28 for Qwen2/2.5-VL,
+        32 for Qwen3-VL): frames whose sides are multiples of it are never resized by the processor."""
+        return int(self.vision.patch_size) * self.spatial_merge_size
+
+    @property
     def temporal_patch_size(self) -> int:
         return int(self.vision.temporal_patch_size)
 
