@@ -112,12 +112,20 @@ def run_sharded(scope: ShardedScope | None, work: Callable[[], T]) -> T:
 
 
 def shard_model(
-    layout: ShardingLayout, mesh: DeviceMesh, settings: ShardingSettings, *, trains: bool = True
+    layout: ShardingLayout,
+    mesh: DeviceMesh,
+    settings: ShardingSettings,
+    *,
+    trains: bool = True,
+    weights_from_rank0: dict[str, torch.Tensor] | None = None,
 ) -> ShardedScope:
     """Shard ``layout.model`` in place over ``mesh`` (1-D: FSDP; 2-D ``(replicate, shard)``: HSDP).
 
     Returns the scope every forward must run in. ``trains=False`` (a reference model) shards
-    the same way; its units are never reduced.
+    the same way; its units are never reduced. With ``weights_from_rank0`` (rank 0's full state
+    dict; ``{}`` on the other ranks, whose model may be an empty skeleton on the meta device)
+    every rank's shards, and the parts kept whole, are filled from rank 0
+    (:func:`fill_from_rank0`): only rank 0 ever holds the whole model.
     """
     whole = {id(p) for part in layout.kept_whole for p in part.parameters()}
     trainable_whole = [p for part in layout.kept_whole for p in part.parameters() if p.requires_grad]
@@ -141,6 +149,8 @@ def shard_model(
         # (A plain SUM collective: with a factor of 1 nothing is scaled; gloo has no PREMUL_SUM.)
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
+    if weights_from_rank0 is not None:
+        fill_from_rank0(layout.model, weights_from_rank0, torch.device(mesh.device_type))
     # The first unit to run forward becomes FSDP's root: make it the scope now, while every rank
     # is here (a generation in `gathered` calls the blocks directly and would claim it). The
     # root keeps its parameters gathered after a forward: shard them again, so that the module
@@ -148,6 +158,27 @@ def shard_model(
     scope(lambda: None)
     scope.reshard()
     return scope
+
+
+def fill_from_rank0(
+    model: torch.nn.Module, full_state: dict[str, torch.Tensor], device: torch.device
+) -> None:
+    """Load rank 0's ``full_state`` into every rank's (sharded) ``model``; a collective.
+
+    A rank whose model is a skeleton on the meta device gets storage first (``to_empty``); each
+    full tensor is broadcast from rank 0 and every rank keeps its own shard of it (torch's
+    ``set_model_state_dict(broadcast_from_rank0=True)``). Buffers outside the state dict (the
+    rotary embeddings' ``inv_freq``, computed at construction, garbage after ``to_empty``) are
+    broadcast from rank 0 too.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    set_model_state_dict(model, full_state, options=options)
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, src=0)
 
 
 def fsdp_units(scope: torch.nn.Module) -> list[FSDPModule]:

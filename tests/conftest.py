@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from models.build import build_model_dir
 
     return build_model_dir("tiny", tmp_path_factory.mktemp("models") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def family_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Callable[[str], Path]:
+    """``family -> directory`` of that family's tiny preset (seed 0), each built once per session;
+    ``qwen2_5_vl`` is ``tiny_model_dir`` itself."""
+    from models.build import build_model_dir
+
+    built: dict[str, Path] = {"qwen2_5_vl": tiny_model_dir}
+
+    def directory(family: str) -> Path:
+        if family not in built:
+            out = tmp_path_factory.mktemp("models") / f"tiny-{family}"
+            built[family] = build_model_dir("tiny", out, seed=0, family=family)
+        return built[family]
+
+    return directory
