@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,9 +27,17 @@ from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.lora import LoraSettings, adapter_parameters, apply_lora
 from models.vision import encode_videos
+from rewards.registry import register
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.vllm_engine import VLLMEngine
 from rollout.weight_sync import sync_weights, trainable_parameters
+
+
+@register("test_lora_length")
+def completion_length(completions: list[str], **_: Any) -> list[float]:
+    """A reward that varies within a group even for an untrained model, so advantages are not 0."""
+    return [len(text) / 10.0 for text in completions]
+
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (16, 56, 56, 3), dtype=np.uint8)
 METADATA = {"fps": 2.0, "total_num_frames": 16, "frames_indices": list(range(16)), "duration": 8.0}
@@ -82,3 +91,51 @@ def test_engine_logprobs_after_a_merged_sync_equal_the_adapted_trainer(tiny_mode
     )
     # The bar above is ~2e-4; a stale (base) engine would be off by the adapters' effect.
     assert (base_scores[valid] - engine_logprobs[valid]).abs().max().item() > 1e-2
+
+
+def test_lvrl_fit_with_the_lora_config(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    """configs/demo/grpo_lora.yaml through `lvrl fit` (vLLM, tiny rollouts): the engine gets merged
+    weights after every update, so its log-probs keep matching the trainer's at each step; the
+    export is the merged model with the adapter beside it."""
+    import yaml
+    from helpers.cli import run_lvrl
+    from helpers.rollout_settings import engine_gap_bar, tiny_rollout_settings
+    from helpers.runs import logged, tiny_data_args
+
+    settings = tiny_rollout_settings("configs/demo/grpo_lora.yaml", "vllm")
+    # The untrained model's answers all score 0 on accuracy: a length reward gives advantages.
+    settings["trainer"]["callbacks"][0]["init_args"]["rewards"] = [
+        {"name": "test_lora_length", "weight": 1.0}
+    ]
+    config = tmp_path / "grpo_lora.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    run_dir = tmp_path / "run"
+    run_lvrl(
+        "fit",
+        "--config",
+        str(config),
+        "--trainer.default_root_dir",
+        str(run_dir),
+        "--trainer.max_steps",
+        "3",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.init_args.model_path",
+        str(tiny_model_dir),
+        "--model.init_args.lora.r",
+        "4",
+        "--model.init_args.learning_rate",
+        "1e-2",
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    )
+    gaps = logged(run_dir, "rollout/logprob_diff_max")
+    assert len(gaps) == 3 and max(gaps) <= engine_gap_bar(tiny_model_dir)
+    assert all(norm > 0 for norm in logged(run_dir, "train/grad_norm"))
+    assert all(kl > 0 for kl in logged(run_dir, "train/ref_kl")[1:])  # the adapters moved off the base
+    exported = run_dir / "hf"
+    assert (exported / "adapter" / "adapter_config.json").is_file()
+    merged = load_model(exported)
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    base = dict(load_model(tiny_model_dir).named_parameters())
+    changed = [n for n, p in merged.named_parameters() if not torch.equal(p, base[n])]
+    assert changed and all(".language_model.layers." in n and n.endswith("_proj.weight") for n in changed)
