@@ -455,7 +455,8 @@ class VLMModule(L.LightningModule):
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Write the current weights as a ``save_pretrained`` directory with the processor files."""
+        """Write the current weights as a ``save_pretrained`` directory with the processor files
+        (with LoRA: merged, the adapter alone in ``out_dir/adapter``)."""
         assert self.model is not None
         return save_hf_model(self.model, self.processor, out_dir)
 
