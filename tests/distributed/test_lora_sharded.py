@@ -8,7 +8,8 @@ rank with fewer rows (an idle pass). Compared per update: the loss and every ada
 (gathered from the shards); at the end, every adapter weight and the merged weights the engine
 would receive (gathered and merged on every rank, as the rollout callback's sync does). Float32
 bars of tests/helpers/tolerances.py: FSDP and sequence splitting reorder reductions only. The
-frozen base weights must not move at all.
+frozen base weights must not move at all. A sharded checkpoint of two updates restores at one
+process and makes the third update as one process does; `lvrl model export` reads it.
 """
 
 from __future__ import annotations
@@ -145,3 +146,66 @@ def test_sharded_lora_updates_equal_one_process(
         )
         if name.endswith(".weight"):  # the adapters did move every merged weight
             assert not torch.equal(merged, loaded[name].detach()), name
+
+
+def _resumed_worker(
+    rank: int, world_size: int, port: int, model_dir: str, tmp: str, steps: int, phase: str
+) -> None:
+    torch.set_num_threads(1)
+    launched_externally(rank, world_size, port)
+    from parallel.strategy import SequenceParallelStrategy
+
+    parts = torch.load(Path(tmp) / "parts.pt", weights_only=False)
+    per_rank = PROMPTS // world_size
+    strategy = SequenceParallelStrategy(
+        sequence_parallel_size=1, param_dtype="float32", process_group_backend="gloo"
+    )
+    checkpoint = Path(tmp) / "step2.ckpt"
+    fit_on_rollouts(
+        lora_module(Path(model_dir)),
+        parts,
+        list(range(rank * per_rank, (rank + 1) * per_rank)),
+        Path(tmp) / f"{phase}.pt",
+        Path(tmp) / phase,
+        strategy=strategy,
+        devices=world_size,
+        max_steps=steps,
+        save_to=checkpoint if phase == "first" else None,
+        resume_from=checkpoint if phase == "resumed" else None,
+    )
+
+
+def test_a_sharded_lora_checkpoint_restores_at_another_world_size(
+    one_process: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two updates on 2 processes, a sharded checkpoint (adapters and SGD momentum), the third on
+    1 process: the same adapter gradient and weights as three updates in one process."""
+    (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
+    for world_size, steps, phase in ((2, STEPS - 1, "first"), (1, STEPS, "resumed")):
+        mp.spawn(
+            _resumed_worker,
+            args=(world_size, free_port(), str(tiny_model_dir), str(tmp_path), steps, phase),
+            nprocs=world_size,
+            start_method="spawn",
+        )
+    assert (tmp_path / "step2.ckpt").is_dir()  # one shard per rank of the writing run
+    expected, got = torch.load(one_process / "one.pt"), torch.load(tmp_path / "resumed.pt")
+    assert len(got["grads"]) == 1  # the resumed run made the last update only
+    for name, grad in expected["grads"][-1].items():
+        assert_float32_close(
+            got["grads"][0][name], grad, ulps=GRADIENT_ULPS, reason=f"update 3: gradient of {name}"
+        )
+    for name, weight in expected["weights"].items():
+        assert_float32_close(
+            got["weights"][name], weight, ulps=GRADIENT_ULPS, reason=f"{name}, restored at 1 process"
+        )
+    # `lvrl model export` reads the sharded folder in one process: merged weights and the adapter.
+    from models.export import export_checkpoint
+
+    out = export_checkpoint(tmp_path / "step2.ckpt", tmp_path / "exported")
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+    exported = dict(load_model(out).named_parameters())
+    base = dict(load_model(tiny_model_dir).named_parameters())
+    assert exported.keys() == base.keys()
+    moved = [name for name, p in exported.items() if not torch.equal(p, base[name])]
+    assert moved and all(name.endswith("_proj.weight") and ".language_model." in name for name in moved)

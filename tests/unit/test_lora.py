@@ -10,7 +10,7 @@
 - a resumed LoRA run continues exactly where the uninterrupted one goes.
 
 The real vLLM engine after a merged sync is in tests/e2e/test_lora_engine.py; sharded training in
-tests/distributed/test_lora_sharded.py.
+tests/distributed/test_lora_sharded.py (with a sharded checkpoint restored at another world size).
 """
 
 from __future__ import annotations
@@ -91,8 +91,10 @@ def test_settings_are_checked_before_any_model_is_loaded(tiny_model_dir: Path) -
 
 
 def test_only_adapters_change_over_optimizer_steps(tiny_model_dir: Path, batch: dict) -> None:
-    module = SFTModule(str(tiny_model_dir), learning_rate=1e-2, lora=LORA)
+    # (With activations recomputed in backward: the adapters' gradients pass through checkpointed layers.)
+    module = SFTModule(str(tiny_model_dir), learning_rate=1e-2, lora=LORA, gradient_checkpointing=True)
     module.configure_model()
+    assert module.model.is_gradient_checkpointing
     optimizer = module.configure_optimizers()["optimizer"]
     optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
     adapters = adapter_parameters(module.model)
