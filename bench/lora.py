@@ -32,13 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 
-from core.layout import PositionRule
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from datatools.shard_writer import write_shards
 from datatools.synthetic import SynthConfig, encoded_samples
 from models.build import build_model_dir
+from models.families import family_of
 from models.grpo import GRPOModule
 from models.lora import parameter_bytes
 from models.sft import SFTModule
@@ -57,8 +57,8 @@ def synthetic_batch(model_dir: Path, folder: Path, size: int, frames: int) -> di
     module = SFTModule(str(model_dir))
     from transformers import AutoConfig
 
-    rule = PositionRule.of(AutoConfig.from_pretrained(model_dir))
-    return VideoQACollator(module.processor, position_rule=rule)(samples)
+    family = family_of(AutoConfig.from_pretrained(model_dir))
+    return VideoQACollator(module.processor, family=family)(samples)
 
 
 def measure(model_dir: Path, batch: dict[str, Any], settings: dict[str, Any], steps: int) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from core.layout import PositionRule, PromptLayout, ScoringBatch, pad_rows
+from core.layout import PromptLayout, ScoringBatch, pad_rows
+from models.families import position_rule_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.lora import LoraSettings, adapter_parameters, apply_lora
@@ -67,7 +68,7 @@ def test_engine_logprobs_after_a_merged_sync_equal_the_adapted_trainer(tiny_mode
     with torch.no_grad():  # the adapters sit on the language model: the encoding is the base's
         (embeds,) = encode_videos(policy, encoded["pixel_values_videos"], encoded["video_grid_thw"])
     video_token_id = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, PositionRule.of(policy.config))
+    layout = PromptLayout.from_processor_output(encoded, 0, video_token_id, position_rule_of(policy.config))
     request = RolloutRequest(layout, layout.encoded_video(embeds))
 
     engine = VLLMEngine(dtype="float32", max_model_len=1024, max_num_seqs=8)

@@ -24,11 +24,11 @@ from helpers.sharded_runs import fit_on_rollouts, grpo_module, rollout_of, rollo
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoConfig, AutoProcessor
 
-from core.layout import PositionRule
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from models.export import export_checkpoint, save_hf_model
+from models.families import family_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.lora import LANGUAGE_PROJECTIONS, LoraSettings, adapter_parameters, apply_lora, parameter_bytes
@@ -56,8 +56,8 @@ def perturb_adapters(model: torch.nn.Module, seed: int = 0, scale: float = 0.1) 
 def batch(tiny_model_dir: Path, synth_dir: Path) -> dict:
     stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
     samples = [s for _, s in zip(range(2), stream, strict=False)]
-    rule = PositionRule.of(AutoConfig.from_pretrained(tiny_model_dir))
-    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), position_rule=rule)(samples)
+    family = family_of(AutoConfig.from_pretrained(tiny_model_dir))
+    return VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), family=family)(samples)
 
 
 def test_adapters_sit_on_the_language_model_projections_and_alone_train(tiny_model_dir: Path) -> None:
