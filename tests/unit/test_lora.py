@@ -31,7 +31,15 @@ from models.export import export_checkpoint, save_hf_model
 from models.families import family_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
-from models.lora import LANGUAGE_PROJECTIONS, LoraSettings, adapter_parameters, apply_lora, parameter_bytes
+from models.lora import (
+    LANGUAGE_PROJECTIONS,
+    LoraSettings,
+    adapter_parameters,
+    apply_lora,
+    base_model,
+    merged_state_dict,
+    parameter_bytes,
+)
 from models.sft import SFTModule
 from models.vision import vision_tower
 from rollout.weight_sync import lora_layers, sync_weights, trainable_parameters
@@ -256,3 +264,62 @@ def test_a_resumed_lora_run_continues_exactly(tiny_model_dir: Path, synth_dir: P
     assert (out / "adapter" / "adapter_model.safetensors").is_file()
     plain = load_model(out)
     assert not any("lora" in n for n, _ in plain.named_parameters())
+
+
+def tiny_family_model(family: str) -> torch.nn.Module:
+    """A random 2-layer model of ``family`` from transformers' own classes (no processor needed)."""
+    from transformers import (
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
+
+    text = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    text.update(num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    if family == "qwen2_vl":
+        rope = {"type": "mrope", "mrope_section": [2, 3, 3]}
+        config = Qwen2VLConfig(
+            text_config={**text, "rope_scaling": rope},
+            vision_config={"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2},
+        )
+        return Qwen2VLForConditionalGeneration(config).eval()
+    rope = {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
+    config = Qwen3VLConfig(
+        text_config={**text, "head_dim": 16, "rope_scaling": rope},
+        vision_config={**vision, "deepstack_visual_indexes": [0]},
+    )
+    return Qwen3VLForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_other_families_adapt_disable_and_merge_alike(family: str) -> None:
+    """Qwen2-VL and Qwen3-VL (q/k norms in the attention, DeepStack mergers in the tower): the
+    same language-model targets, the adapter-free view is the base model, and the merged state
+    dict is a plain model of the family that computes the adapted one (text-only forward)."""
+    model = tiny_family_model(family)
+    ids = torch.randint(0, 500, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = model(input_ids=ids).logits
+    apply_lora(model, LoraSettings(**LORA))
+    assert len(lora_layers(model)) == 2 * len(LANGUAGE_PROJECTIONS)
+    assert all(".language_model.layers." in path for path in lora_layers(model))
+    perturb_adapters(model)
+    plain = tiny_family_model(family)
+    plain.load_state_dict(merged_state_dict(model, model.state_dict()), strict=True)
+    with torch.no_grad():
+        with base_model(model):
+            assert_identical(model(input_ids=ids).logits, base, reason=f"{family}: adapters disabled vs base")
+        adapted = model(input_ids=ids).logits
+        assert (adapted - base).abs().max() > 1e-2
+        merged = plain(input_ids=ids).logits
+    assert_float32_close(merged, adapted, ulps=FORWARD_ULPS, reason=f"{family}: merged vs adapted")
+    # The engine gets every parameter of each adapted layer's parent, under plain names.
+    engine = WeightRecorder(dtype="float32")
+    sync_weights(engine, trainable_parameters(model))
+    received = engine.received()
+    assert set(received) <= set(dict(plain.named_parameters()))
+    for name, tensor in received.items():
+        assert_identical(tensor, dict(plain.named_parameters())[name].detach(), reason=f"{name}: merged")
