@@ -16,7 +16,8 @@ class HFExport(Callback):
     """Writes ``save_pretrained`` model + processor files when fitting ends.
 
     Under a sharding strategy (FSDP2) every rank joins the gather of the full weights and rank 0
-    writes (:func:`models.export.save_hf_model`).
+    writes (:func:`models.export.save_hf_model`). A model with LoRA adapters is written merged,
+    with the adapter alone in ``<dirpath>/adapter``.
 
     Args:
         dirpath: where to write; default ``<trainer.default_root_dir>/hf``.

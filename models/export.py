@@ -12,6 +12,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from models.loading import load_model, load_processor
+from models.lora import ADAPTER_DIR, LoraSettings, apply_lora, merged_state_dict, save_adapter
+from rollout.weight_sync import lora_layers
 
 SHARDED_METADATA = "meta.pt"
 """A sharded checkpoint folder's file of everything but the shards (step, loops, hyper-parameters)."""
@@ -33,6 +35,11 @@ def save_hf_model(model: Any, processor: Any, out_dir: str | Path) -> Path:
     dict first, a collective all ranks join, parameter by parameter (each rank holds one full
     parameter at a time on its device; rank 0 collects the CPU copies it writes). Rank 0 alone
     writes, in either case. Returns ``out_dir``.
+
+    A model with LoRA adapters (:mod:`models.lora`) is written merged (``W + scaling * B @ A``
+    under the base names: a plain model directory, for transformers and vLLM alike), with the
+    adapter alone beside it in PEFT's format in ``out_dir/adapter``; the live model is not
+    changed.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -40,8 +47,15 @@ def save_hf_model(model: Any, processor: Any, out_dir: str | Path) -> Path:
     state = None
     if is_sharded(model):
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    adapted = bool(lora_layers(model))
+    if adapted and state is None:
+        state = {key: value.detach() for key, value in model.state_dict().items()}
     if _writes_here():
         out.mkdir(parents=True, exist_ok=True)
+        if adapted:
+            assert state is not None
+            save_adapter(model, state, out / ADAPTER_DIR)
+            state = merged_state_dict(model, state)
         model.save_pretrained(out, state_dict=state)
         processor.save_pretrained(out)
     return out
@@ -65,7 +79,8 @@ def export_checkpoint(
     ``ckpt_path`` is a checkpoint file, or the folder of a sharded (distributed) checkpoint,
     read here in one process whatever the world size that wrote it. The architecture,
     tokenizer and processor come from ``model_path`` (default: the directory the checkpoint
-    records); every weight must match it exactly.
+    records); every weight must match it exactly. A checkpoint of a LoRA run (its
+    hyper-parameters hold ``lora``) is written merged, with the adapter in ``out_dir/adapter``.
     """
     path = Path(ckpt_path)
     # Lightning checkpoints hold optimizer state and hyper-parameters, not just tensors; only
@@ -75,6 +90,9 @@ def export_checkpoint(
     )
     source = str(model_path) if model_path else checkpoint_model_path(checkpoint)
     model = load_model(source)
+    lora = LoraSettings.of(checkpoint.get("hyper_parameters", {}).get("lora"))
+    if lora is not None:
+        apply_lora(model, lora)  # the checkpoint's names: base layers and adapters
     if path.is_dir():
         # Read straight into the model's tensors (the optimizer's shards are not read).
         target = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
@@ -84,8 +102,4 @@ def export_checkpoint(
             k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")
         }
         model.load_state_dict(state, strict=True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    load_processor(source).save_pretrained(out)
-    return out
+    return save_hf_model(model, load_processor(source), out_dir)

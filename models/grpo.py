@@ -39,6 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from core.layout import ScoringBatch
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
+from models.lora import base_model
 from models.rl.losses import policy_loss
 from models.vision import decoder_blocks, drop_vision_tower, encode_videos
 from models.vlm_module import VLMModule
@@ -72,6 +73,8 @@ class GRPOModule(VLMModule):
         clip_high: upper clip (1 + clip_high); above clip_low is DAPO's clip-higher.
         dual_clip: cap on the loss of negative-advantage tokens (e.g. 3.0); None disables it.
         kl_coef: weight of the KL to the frozen reference in the loss (0: no reference model).
+            With ``lora`` the reference is the policy itself with its adapters disabled (the
+            base model, exactly), not a second copy.
         kl_kind: KL estimator: ``k1``, ``k2`` or ``k3`` (low-variance KL).
         loss_aggregation: ``token_mean``, ``seq_mean_token_mean`` or ``seq_mean_token_sum`` (Dr.GRPO).
         ratio_level: ``token`` (GRPO) or ``sequence`` (GSPO).
@@ -181,7 +184,7 @@ class GRPOModule(VLMModule):
 
     def configure_model(self) -> None:
         super().configure_model()
-        if self.hparams.kl_coef > 0 and self.reference is None:
+        if self.hparams.kl_coef > 0 and self.reference is None and self.lora_settings is None:
             reference = load_model(self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype)).eval()
             reference.requires_grad_(False)
             # It scores rows whose video slots hold the policy's cached encoding: its own vision
@@ -259,6 +262,8 @@ class GRPOModule(VLMModule):
         self, rollout: RolloutBatch, chunks: list[list[int]]
     ) -> list[torch.Tensor | None]:
         """Frozen-reference log-probs per micro-batch, computed once for all iterations."""
+        if self.lora_settings is not None and self.hparams.kl_coef > 0:
+            return self._base_model_logprobs(rollout, chunks)
         if self.reference is None:
             return [None] * len(chunks)
         reference = self.reference
@@ -272,6 +277,20 @@ class GRPOModule(VLMModule):
 
         with torch.no_grad():
             return [run_sharded(scope, lambda rows=rows: score(rows)) for rows in chunks]
+
+    def _base_model_logprobs(self, rollout: RolloutBatch, chunks: list[list[int]]) -> list[torch.Tensor]:
+        """The reference of a LoRA policy: the policy's own model with its adapters disabled,
+        which computes exactly what the base model does (each adapted layer runs its base
+        layer alone), so no second copy is loaded; sharded, it runs in the policy's units."""
+        model = self.model
+        assert model is not None
+        videos = rollout.video_embeds()
+
+        def score(rows: list[int]) -> torch.Tensor:
+            return self._logprobs(model, rollout.scoring.select(rows), videos)
+
+        with torch.no_grad(), base_model(model):
+            return [self.run_model(lambda rows=rows: score(rows)) for rows in chunks]
 
     def _logprobs(
         self,

@@ -37,6 +37,7 @@ from evaluation.evaluator import (
 from models.export import save_hf_model
 from models.families import ModelFamily, family_of
 from models.loading import load_model, load_processor
+from models.lora import LoraSettings, apply_lora
 from models.vision import decoder_blocks, encode_videos, vision_tower
 from parallel.contract import AttentionHeads, ShardingStrategy
 from parallel.encoding import encode_videos_sequence_parallel
@@ -88,6 +89,10 @@ class VLMModule(L.LightningModule):
             ``val/open_ended_accuracy``. None: open-ended questions are counted in
             ``val/not_scored``. Multiple-choice questions are scored by letter and numerical
             ones as numbers either way.
+        lora: train LoRA adapters instead of the whole model (:class:`models.lora.LoraSettings`:
+            ``{r: 16, alpha: 32, dropout: 0.0, target_modules: [q_proj, ..., down_proj],
+            vision: false}``; the language model's projections by default, the base frozen).
+            None: full fine-tuning.
     """
 
     def __init__(
@@ -107,8 +112,13 @@ class VLMModule(L.LightningModule):
         dtype: str = "float32",
         attn_implementation: str | None = None,
         val_judge: dict[str, Any] | None = None,
+        lora: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.lora_settings = LoraSettings.of(lora)
+        """The LoRA adapters trained instead of the whole model (None: full fine-tuning)."""
+        if self.lora_settings is not None and self.lora_settings.vision and freeze_vision:
+            raise ValueError("lora.vision adapts the vision tower: set freeze_vision: false")
         if lr_schedule not in ("constant", "cosine"):
             raise ValueError(f"lr_schedule must be 'constant' or 'cosine', got {lr_schedule!r}")
         if val_samples < 0 or val_temperature <= 0:
@@ -156,6 +166,8 @@ class VLMModule(L.LightningModule):
             dtype=getattr(torch, self.hparams.dtype),
             attn_implementation=self.hparams.attn_implementation,
         )
+        if self.lora_settings is not None:
+            apply_lora(self.model, self.lora_settings)  # the base (vision tower included) frozen
         # from_pretrained returns the model in eval mode; Lightning keeps submodule modes as it finds
         # them, and HF disables gradient checkpointing outside train mode.
         self.model.train()
@@ -443,7 +455,8 @@ class VLMModule(L.LightningModule):
 
     # -- export ------------------------------------------------------------------------------
     def export_hf(self, out_dir: str | Path) -> Path:
-        """Write the current weights as a ``save_pretrained`` directory with the processor files."""
+        """Write the current weights as a ``save_pretrained`` directory with the processor files
+        (with LoRA: merged, the adapter alone in ``out_dir/adapter``)."""
         assert self.model is not None
         return save_hf_model(self.model, self.processor, out_dir)
 

@@ -39,6 +39,7 @@ LONGEST_FILES = (
     "tests/e2e/test_sharded_resume.py",
     "tests/e2e/test_grpo_sp_cli.py",
     "tests/distributed/test_sharded_weights.py",
+    "tests/distributed/test_lora_sharded.py",
     "tests/distributed/test_sequence_parallel.py",
     "tests/e2e/test_failures.py",
     "tests/distributed/test_data_split.py",

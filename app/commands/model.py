@@ -58,7 +58,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "export",
         help="write a Hugging Face model directory from a Lightning checkpoint (.ckpt)",
         description="Export the weights of an lvrl checkpoint with save_pretrained, plus the processor "
-        "files, so transformers and vLLM can load them (`lvrl fit` does this at the end, into <run>/hf).",
+        "files, so transformers and vLLM can load them (`lvrl fit` does this at the end, into <run>/hf). "
+        "A LoRA run's checkpoint is written merged, with the adapter alone in <out>/adapter (PEFT's format).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     export.add_argument(

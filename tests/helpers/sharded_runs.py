@@ -197,10 +197,12 @@ def fit_on_rollouts(
     max_steps: int | None = None,
     save_to: Path | None = None,
     resume_from: Path | None = None,
+    callbacks: list[L.Callback] | None = None,
 ) -> None:
     """GRPO updates on the fixed rollouts (no engine, no data: the batches are placeholders),
     one per part (or up to ``max_steps``), recording into ``out``; the run's checkpoint is
-    written to ``save_to`` at the end, and a run resumes from ``resume_from``."""
+    written to ``save_to`` at the end, and a run resumes from ``resume_from``. ``callbacks``
+    run after the recorder."""
     trainer = L.Trainer(
         max_steps=max_steps or len(parts),
         accelerator="cpu",
@@ -213,7 +215,7 @@ def fit_on_rollouts(
         limit_val_batches=0,
         use_distributed_sampler=False,
         default_root_dir=root,
-        callbacks=[HandOverAndRecord(parts, prompts, out, sequence_parallel_size)],
+        callbacks=[HandOverAndRecord(parts, prompts, out, sequence_parallel_size), *(callbacks or [])],
     )
     placeholders = torch.utils.data.DataLoader(list(range(len(parts))), batch_size=1)
     trainer.fit(module, train_dataloaders=placeholders, ckpt_path=resume_from)
