@@ -47,7 +47,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "cpu_offload": False,
         "check_memory_plan": True,
     },
-    "module": {"dtype": "float32", "freeze_vision": False, "gradient_checkpointing": False},
+    "module": {"dtype": "float32", "freeze_vision": False, "gradient_checkpointing": False, "lora": None},
     "grpo": {
         "freeze_vision": True,
         "micro_batch_rows": None,
@@ -152,8 +152,14 @@ def run_settings(
     else:
         completion = int(data_args["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS)
     size = layout.get("sequence_parallel_size", 1)
+    # LoRA (models.lora): the adapters train, the base (and the tower, unless adapted) is frozen,
+    # and the reference is the policy with its adapters disabled.
+    from models.lora import LoraSettings  # (torch: imported only when a plan is made)
+
+    lora = LoraSettings.of(module["lora"])
+    freeze_vision = bool(module["freeze_vision"]) or (lora is not None and not lora.vision)
     reference = "none"
-    if kind == "grpo" and float(module["kl_coef"]) > 0:
+    if kind == "grpo" and float(module["kl_coef"]) > 0 and lora is None:
         reference = "cpu" if module["reference_placement"] == "cpu" else "sharded"
     return RunSettings(
         kind=kind,
@@ -164,7 +170,9 @@ def run_settings(
         text_tokens=int(text),
         completion_tokens=completion,
         master_dtype=master,
-        freeze_vision=bool(module["freeze_vision"]),
+        freeze_vision=freeze_vision,
+        lora_rank=None if lora is None else lora.r,
+        lora_targets=() if lora is None else lora.target_modules,
         gradient_checkpointing=bool(module["gradient_checkpointing"]),
         reference=reference,
         micro_batch_rows=module.get("micro_batch_rows"),

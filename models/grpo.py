@@ -37,12 +37,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from core.layout import ScoringBatch
-from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.lora import base_model
 from models.rl.losses import policy_loss
 from models.vision import decoder_blocks, drop_vision_tower, encode_videos
-from models.vlm_module import VLMModule
+from models.vlm_module import VLMModule, rank0_weights
 from parallel.prefill import sequence_parallel_completion_logprobs
 from parallel.sharding import (
     ShardedScope,
@@ -185,7 +184,7 @@ class GRPOModule(VLMModule):
     def configure_model(self) -> None:
         super().configure_model()
         if self.hparams.kl_coef > 0 and self.reference is None and self.lora_settings is None:
-            reference = load_model(self.hparams.model_path, dtype=getattr(torch, self.hparams.dtype)).eval()
+            reference = self.load_weights_or_skeleton().eval()
             reference.requires_grad_(False)
             # It scores rows whose video slots hold the policy's cached encoding: its own vision
             # tower would never run.
@@ -209,7 +208,8 @@ class GRPOModule(VLMModule):
             reference_settings = dataclasses.replace(settings, cpu_offload=offload)
             self.reference.to(getattr(torch, settings.param_dtype))  # frozen: no master copy needed
             layout = ShardingLayout(self.reference, decoder_blocks(self.reference))
-            scope = shard_model(layout, mesh, reference_settings, trains=False)
+            weights = rank0_weights(self.reference)
+            scope = shard_model(layout, mesh, reference_settings, trains=False, weights_from_rank0=weights)
             object.__setattr__(self, "_reference_scope", scope)
 
     def _passes(self, count: int) -> int:

@@ -68,6 +68,27 @@ def load_model(
     )
 
 
+def model_skeleton(
+    path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> PreTrainedModel:
+    """The model of directory ``path`` as :func:`load_model` gives it, but empty: its tensors on
+    the meta device (no memory, no values), to be filled by another rank
+    (:func:`parallel.sharding.fill_from_rank0`)."""
+    directory = model_directory(path)
+    config = load_config(directory)
+    kwargs: dict[str, object] = {"dtype": dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    for auto_class in (AutoModelForImageTextToText, AutoModelForCausalLM):
+        if type(config) in auto_class._model_mapping:
+            with torch.device("meta"):
+                return auto_class.from_config(config, **kwargs).eval()
+    raise ValueError(
+        f"model_type {config.model_type!r} of {directory} is neither an image-text-to-text model "
+        "nor a causal LM"
+    )
+
+
 def load_processor(path: str | Path) -> ProcessorMixin:
     """The processor (tokenizer + image/video processors + chat template) saved in directory ``path``."""
     return AutoProcessor.from_pretrained(model_directory(path), local_files_only=True)

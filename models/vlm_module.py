@@ -36,7 +36,7 @@ from evaluation.evaluator import (
 )
 from models.export import save_hf_model
 from models.families import ModelFamily, family_of
-from models.loading import load_model, load_processor
+from models.loading import load_model, load_processor, model_skeleton
 from models.lora import LoraSettings, apply_lora
 from models.vision import decoder_blocks, encode_videos, vision_tower
 from parallel.contract import AttentionHeads, ShardingStrategy
@@ -58,6 +58,15 @@ def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> li
         RolloutRequest(layout, layout.encoded_video(embeds))
         for layout, embeds in zip(batch["prompts"], videos, strict=True)
     ]
+
+
+def rank0_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """What a sharded model is filled with (:func:`parallel.sharding.shard_model`): rank 0's
+    weights (its state dict, no copy), ``{}`` on the other ranks (skeletons, see
+    :meth:`VLMModule.load_weights_or_skeleton`); None in one process."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return model.state_dict() if dist.get_rank() == 0 else {}
 
 
 class VLMModule(L.LightningModule):
@@ -161,11 +170,8 @@ class VLMModule(L.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:
             return
-        self.model = load_model(
-            self.hparams.model_path,
-            dtype=getattr(torch, self.hparams.dtype),
-            attn_implementation=self.hparams.attn_implementation,
-        )
+        self.model = self.load_weights_or_skeleton(self.hparams.attn_implementation)
+        family_of(self.model.config)  # an unsupported model is refused now, by name
         if self.lora_settings is not None:
             apply_lora(self.model, self.lora_settings)  # the base (vision tower included) frozen
         # from_pretrained returns the model in eval mode; Lightning keeps submodule modes as it finds
@@ -175,6 +181,26 @@ class VLMModule(L.LightningModule):
             vision_tower(self.model).requires_grad_(False)
         if self.hparams.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def load_weights_or_skeleton(self, attn_implementation: str | None = None) -> torch.nn.Module:
+        """The model of ``model_path``: loaded, or (a rank other than 0 of a sharding strategy)
+        an empty skeleton that :meth:`shard` fills from rank 0, so that only one process per
+        job ever reads and holds the whole model."""
+        load = model_skeleton if not self.loads_weights_here else load_model
+        return load(
+            self.hparams.model_path,
+            dtype=getattr(torch, self.hparams.dtype),
+            attn_implementation=attn_implementation,
+        )
+
+    @property
+    def loads_weights_here(self) -> bool:
+        """Whether this process reads the weights: always, unless a sharding strategy runs
+        several processes and this is not rank 0."""
+        trainer = self._trainer
+        if trainer is None or not isinstance(trainer.strategy, ShardingStrategy):
+            return True
+        return trainer.world_size == 1 or trainer.global_rank == 0
 
     # -- sharding (parallel.contract.ShardableModule) -----------------------------------------
     def sharding_layout(self, model: torch.nn.Module) -> ShardingLayout:
@@ -193,7 +219,9 @@ class VLMModule(L.LightningModule):
             # Frozen and whole on every rank: it needs no master copy, so it is kept in the
             # dtype the blocks compute in.
             tower.to(getattr(torch, settings.param_dtype))
-        object.__setattr__(self, "_scope", shard_model(self.sharding_layout(self.model), mesh, settings))
+        layout = self.sharding_layout(self.model)
+        scope = shard_model(layout, mesh, settings, weights_from_rank0=rank0_weights(self.model))
+        object.__setattr__(self, "_scope", scope)
         self.data_parallel_group = data_parallel_group
 
     @property

@@ -41,6 +41,7 @@ SFT has the encoding and the two training moments.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -100,6 +101,21 @@ class TextModel:
 
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
+
+    def lora_parameters(self, rank: int, targets: Sequence[str]) -> int:
+        """LoRA adapters of rank ``rank`` on the named projections of every decoder layer: ``rank x
+        (in + out)`` each (``A``: rank x in, ``B``: out x rank)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        widths = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+        return self.num_layers * sum(rank * sum(widths[t]) for t in targets if t in widths)
 
     def head_parameters(self) -> int:
         """The output projection (none of its own when tied to the embedding) and the final norm."""
@@ -215,6 +231,12 @@ class RunSettings:
     """GRPO scores each prompt once per micro-batch and its completions against its cached keys
     and values (``share_prompt_prefix`` without sequence parallelism); else rows go whole."""
     engine: EngineSettings | None = None
+    lora_rank: int | None = None
+    """LoRA adapters of this rank train instead of the model (None: full fine-tuning): the base is
+    held frozen, gradients and optimizer states are the adapters' only, and the reference is
+    the policy with its adapters disabled (no copy)."""
+    lora_targets: tuple[str, ...] = ()
+    """The decoder projections the adapters sit on (vision-tower adapters are not counted)."""
 
     @property
     def shard_size(self) -> int:
@@ -438,28 +460,42 @@ def vision_block_saved_bytes(vision: VisionModel, compute_bytes: int) -> int:
 
 
 # -- the plan -------------------------------------------------------------------------------------
+def trainable_parameters(arch: Architecture, run: RunSettings) -> int:
+    """Parameters the optimizer updates: the LoRA adapters, or the language model (and a
+    trainable vision tower)."""
+    if run.lora_rank is not None:
+        return arch.text.lora_parameters(run.lora_rank, run.lora_targets)
+    return arch.text.parameters() + (0 if run.freeze_vision else arch.vision.parameters())
+
+
 def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryPlan:
     """The per-device memory plan of ``run`` on ``device`` (see the module docstring)."""
     tokens = token_counts(arch, run)
     text, vision = arch.text, arch.vision
     master, compute, reduce = (DTYPE_BYTES[d] for d in (run.master_dtype, run.param_dtype, run.reduce_dtype))
     shard = run.shard_size
-    trainable = text.parameters() + (0 if run.freeze_vision else vision.parameters())
+    trainable = trainable_parameters(arch, run)
+    held = text.parameters() + (0 if run.freeze_vision else vision.parameters())
+    if run.lora_rank is not None:
+        held += trainable  # the frozen base, and the adapters beside it
     on_gpu = 0 if run.cpu_offload else 1
     how = f"/ {shard} ranks" if shard > 1 else "not sharded"
     lines = [
         Line(
             "parameters (master)",
-            on_gpu * trainable * master / shard,
+            on_gpu * held * master / shard,
             "always",
-            f"{trainable / 1e9:.2f}B x {master} B {how}"
+            f"{held / 1e9:.2f}B x {master} B {how}"
+            + (f", {trainable / 1e6:.1f}M of them LoRA adapters" if run.lora_rank is not None else "")
             + (", on the host (cpu_offload)" if run.cpu_offload else ""),
         ),
         Line(
             "optimizer states (AdamW)",
             on_gpu * 2 * trainable * master / shard,
             "always",
-            "2 moments x master dtype" + (", on the host (cpu_offload)" if run.cpu_offload else f" {how}"),
+            "2 moments x master dtype"
+            + (" of the adapters" if run.lora_rank is not None else "")
+            + (", on the host (cpu_offload)" if run.cpu_offload else f" {how}"),
         ),
     ]
     if run.freeze_vision:
@@ -551,7 +587,7 @@ def _training_lines(
     on_gpu: int,
 ) -> list[Line]:
     text, vision = arch.text, arch.vision
-    trainable = text.parameters() + (0 if run.freeze_vision else vision.parameters())
+    trainable = trainable_parameters(arch, run)
     lines = [
         Line(
             "gradients (master dtype)",

@@ -462,3 +462,37 @@ def test_no_check_on_a_cpu_machine(tiny_model_dir, synth_dir) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: the check runs here")
     validate_config("fit", config)
+
+
+# -- LoRA --------------------------------------------------------------------------------------
+def test_lora_parameter_count_equals_peft_on_the_tiny_model(tiny_model_dir: Path) -> None:
+    from models.loading import load_model
+    from models.lora import LANGUAGE_PROJECTIONS, LoraSettings, adapter_parameters, apply_lora
+
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    arch = architecture_from_config(config)
+    for rank, targets in ((16, LANGUAGE_PROJECTIONS), (4, ("q_proj", "v_proj"))):
+        model = apply_lora(load_model(tiny_model_dir), LoraSettings(r=rank, target_modules=targets))
+        adapters = sum(p.numel() for p in adapter_parameters(model).values())
+        assert_identical(arch.text.lora_parameters(rank, targets), adapters, reason=f"r={rank} {targets}")
+
+
+def test_lora_trains_adapters_only_and_needs_no_reference_copy() -> None:
+    arch = published_architecture("qwen2.5-vl-7b")
+    device = Device("cuda", 80 * GIB)
+    full = plan_memory(arch, grpo_settings(reference="sharded"), device)
+    lora = plan_memory(
+        arch, grpo_settings(lora_rank=16, lora_targets=("q_proj", "v_proj"), reference="none"), device
+    )
+    adapters = arch.text.lora_parameters(16, ("q_proj", "v_proj"))
+    assert line(lora, "optimizer") == 2 * adapters * 4 / 8
+    assert line(lora, "gradients") == adapters * 4 / 8
+    assert line(lora, "parameters") == (arch.text.parameters() + adapters) * 4 / 8  # the frozen base too
+    assert line(full, "reference") > 0 and not any(item.name.startswith("reference") for item in lora.lines)
+
+
+def test_run_settings_of_a_lora_config() -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo_lora.yaml").read_text())
+    config["model"]["init_args"]["kl_coef"] = 0.04  # even with a KL term: the reference is the base
+    run = run_settings(config, gpus=1)
+    assert run.lora_rank is not None and run.lora_targets and run.reference == "none" and run.freeze_vision
