@@ -18,6 +18,10 @@ Work balance: each worker counts the query x key scores its ring attention compu
 ``parallel.ring._chunk_scores``); zigzag gives every rank the same count, contiguous slices give
 the last rank P times the first's.
 
+Both on the tiny Qwen2.5-VL and on the tiny Qwen3-VL, whose DeepStack features each rank injects
+at its own positions' visual tokens (a rank that dropped or misplaced them would move the
+log-probs by far more than the bar).
+
 The same processes check stage 1: videos encoded with their temporal patches dealt across the
 ranks equal the one-process encoding on every rank, including a video whose patch count does
 not divide the group size and a batch with fewer patches than ranks.
@@ -40,6 +44,10 @@ from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
 
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+"""Qwen2.5-VL, and Qwen3-VL for its DeepStack features (each rank injects its own positions'; the
+cached encodings' gradient flows through them). Qwen2-VL differs only in the positions, which the
+layout computes before any split."""
 SHARDINGS = (
     ("ulysses", "contiguous", False),
     ("ring", "zigzag", False),
@@ -135,15 +143,21 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+@pytest.fixture(scope="module", params=FAMILIES)
+def reference(
+    request: pytest.FixtureRequest,
+    family_model_dir,
+    synth_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> dict:
+    model_dir = family_model_dir(request.param)
     # Width a multiple of 4, so that 2 and 4 ranks split the rows without re-padding.
     scoring, videos = video_scoring_rows(
-        tiny_model_dir, synth_dir, [0, 1, 0, 1, 0], [5, 9, 3, 1, 12], length_multiple=4
+        model_dir, synth_dir, [0, 1, 0, 1, 0], [5, 9, 3, 1, 12], length_multiple=4
     )
     folder = tmp_path_factory.mktemp("sp")
     torch.save((scoring, videos), folder / "inputs.pt")
-    model = load_model(tiny_model_dir).train()
+    model = load_model(model_dir).train()
     entropy = torch.zeros(scoring.completion_mask.shape)
     logprobs = completion_logprobs(model, scoring, videos, entropy=entropy, share_prompts=False)
     loss_of(logprobs).backward()
@@ -152,6 +166,7 @@ def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.Te
     with torch.no_grad():
         encoded = [encode_videos(model, pixels, grid) for pixels, grid in encoding_inputs(model)]
     return {
+        "model_dir": model_dir,
         "inputs": folder / "inputs.pt",
         "logprobs": logprobs.detach(),
         "entropy": entropy,
@@ -162,7 +177,7 @@ def reference(tiny_model_dir: Path, synth_dir: Path, tmp_path_factory: pytest.Te
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_sequence_parallel_prefill_matches_one_process(
-    world_size: int, tiny_model_dir: Path, reference: dict, tmp_path: Path
+    world_size: int, reference: dict, tmp_path: Path
 ) -> None:
     length = reference["logprobs"].shape[0]
     assert length == 5
@@ -172,7 +187,7 @@ def test_sequence_parallel_prefill_matches_one_process(
         _worker,
         args=(
             world_size,
-            str(tiny_model_dir),
+            str(reference["model_dir"]),
             str(reference["inputs"]),
             str(tmp_path / "store"),
             str(tmp_path),
