@@ -1,25 +1,33 @@
-"""Build Qwen2.5-VL model directories offline: config, seeded random weights, tokenizer, processor.
+"""Build model directories offline: config, seeded random weights, tokenizer, processor.
 
 Nothing can be downloaded on our machines, so tests and the CPU demo use real-architecture
-Qwen2.5-VL models made here from a preset. ``save_pretrained`` of model, tokenizer and
-processor gives a directory that transformers (``AutoModelForImageTextToText``,
-``AutoProcessor``) and vLLM load like a hub checkpoint.
+models made here from a size preset (:data:`PRESETS`) and a model family
+(:data:`models.presets.FAMILIES`: Qwen2-VL, Qwen2.5-VL (the default), Qwen3-VL and
+Qwen3-VL-MoE; one module each in ``models/presets/`` with the family's config, processor,
+geometry and the frames its processor keeps untouched). ``save_pretrained`` of model,
+tokenizer and processor gives a directory that transformers (``AutoModelForImageTextToText``,
+``AutoProcessor``) and vLLM load like a hub checkpoint. All families share lvrl's locally
+trained tokenizer (the vision special tokens are spelled alike in all of them).
 
 Video metadata (read this before calling the processor)
 -------------------------------------------------------
-The video processor saved here never samples or resizes frames that are already multiples of
-28 pixels (up to 448x448): callers pass exactly the frames they decoded. transformers 5.19's
-``Qwen2_5_VLProcessor`` derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` from
-``video_metadata`` (one dict per video) with
-``sampled_fps = len(frames_indices) / total_num_frames * fps``, falling back to ``fps`` when
-``frames_indices`` is missing, and to **24 fps when ``fps`` is missing** (``total_num_frames``
-is required). So pass, per video, the source video's ``fps`` and ``total_num_frames`` and the
-``frames_indices`` you sampled (plus ``duration``, which vLLM wants too)::
+The video processors saved here never sample frames, and never resize frames that are already
+multiples of the family's merged patch (28 pixels for Qwen2-VL and Qwen2.5-VL, up to 448x448
+per frame; 32 for Qwen3-VL, within a per-video budget: see :mod:`models.presets.qwen3_vl`):
+callers pass exactly the frames they decoded. transformers 5.19's ``Qwen2_5_VLProcessor``
+derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` from ``video_metadata``
+(one dict per video) with ``sampled_fps = len(frames_indices) / total_num_frames * fps``,
+falling back to ``fps`` when ``frames_indices`` is missing, and to **24 fps when ``fps`` is
+missing** (``total_num_frames`` is required). So pass, per video, the source video's ``fps``
+and ``total_num_frames`` and the ``frames_indices`` you sampled (plus ``duration``, which vLLM
+wants too)::
 
     {"fps": 30.0, "total_num_frames": 900, "frames_indices": [0, 56, ..., 843], "duration": 30.0}
 
 which gives ``sampled_fps = 16 / 900 * 30``; or, equivalently for the positions, the rate of the
 sampled frames themselves: ``{"fps": sampled_fps, "total_num_frames": len(frames)}``.
+Qwen3-VL writes ``<t seconds>`` between frames from ``frames_indices[i] / fps``, so there
+``frames_indices`` is required; Qwen2-VL's positions ignore the metadata.
 """
 
 from __future__ import annotations
@@ -34,26 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 # torch and transformers are imported inside the functions that need them: ``lvrl`` imports
 # this module to list the presets in its --help, and importing Qwen2.5-VL costs ~3 s.
+from models.presets import DEFAULT_FAMILY, FAMILIES, family_recipe
+
 if TYPE_CHECKING:
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
-
-# Qwen2.5-VL's vision geometry, kept as in the real checkpoints: 14x14 patches, 2x2 spatial
-# merge, 2 frames per temporal patch. One merged token covers 28x28 pixels of 2 frames.
-PATCH_SIZE = 14
-SPATIAL_MERGE_SIZE = 2
-TEMPORAL_PATCH_SIZE = 2
-PIXEL_FACTOR = PATCH_SIZE * SPATIAL_MERGE_SIZE
-# Pixel budgets of the saved processors. ``smart_resize`` keeps any frame whose sides are
-# multiples of 28 when its area lies within [MIN_PIXELS, MAX_PIXELS]: 28x28 up to 448x448.
-# (The HF video default, 128*28*28, would upscale our 56x56 frames 5.6x.)
-MIN_PIXELS = PIXEL_FACTOR * PIXEL_FACTOR
-MAX_PIXELS = 448 * 448
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Sizes of one buildable model. ``init_std`` becomes both configs' ``initializer_range``."""
+    """Sizes of one buildable model, shared by every family (each maps them onto its own
+    config: :mod:`models.presets`). ``init_std`` becomes both configs' ``initializer_range``.
+    ``mrope_section`` is Qwen2(.5)-VL's split; Qwen3-VL scales its released 24:20:20 instead."""
 
     vocab_size: int
     hidden_size: int
@@ -118,93 +118,6 @@ PRESETS: dict[str, Preset] = {
         description="~5M parameters; learns the synthetic task on a CPU",
     ),
 }
-
-
-def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2_5_VLConfig:
-    """The Qwen2.5-VL config of ``preset``, with the special-token ids of our tokenizer."""
-    from transformers import Qwen2_5_VLConfig
-
-    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
-
-    if sum(preset.mrope_section) * 2 != preset.head_dim:
-        raise ValueError(
-            f"mrope_section {preset.mrope_section} must sum to head_dim/2 = {preset.head_dim // 2}"
-        )
-    text_config = {
-        "vocab_size": preset.vocab_size,
-        "hidden_size": preset.hidden_size,
-        "intermediate_size": preset.intermediate_size,
-        "num_hidden_layers": preset.num_layers,
-        "num_attention_heads": preset.num_heads,
-        "num_key_value_heads": preset.num_kv_heads,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "initializer_range": preset.init_std,
-        # "default" rope with an mrope_section is Qwen2.5-VL's 3-D M-RoPE (time, height, width).
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 1e6,
-            "mrope_section": list(preset.mrope_section),
-        },
-        "bos_token_id": token_ids[PAD_TOKEN],
-        "eos_token_id": token_ids[EOS_TOKEN],
-        # No pad_token_id here: it would become the embedding's padding_idx and freeze the
-        # <|endoftext|> row. Padding is masked anyway; generate() takes it from generation_config.
-        "dtype": "float32",
-    }
-    vision_config = {
-        "depth": preset.vision_depth,
-        "hidden_size": preset.vision_hidden_size,
-        "intermediate_size": preset.vision_intermediate_size,
-        "num_heads": preset.vision_heads,
-        "out_hidden_size": preset.hidden_size,
-        "patch_size": PATCH_SIZE,
-        "spatial_merge_size": SPATIAL_MERGE_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        # Window attention in every block but the last, as the real towers alternate.
-        "fullatt_block_indexes": [preset.vision_depth - 1],
-        "window_size": 112,
-        # Real Qwen2.5-VL checkpoints use 2: M-RoPE time ids advance 2 per second of video.
-        "tokens_per_second": 2,
-        "initializer_range": preset.init_std,
-    }
-    return Qwen2_5_VLConfig(
-        text_config=text_config,
-        vision_config=vision_config,
-        image_token_id=token_ids["<|image_pad|>"],
-        video_token_id=token_ids["<|video_pad|>"],
-        vision_start_token_id=token_ids["<|vision_start|>"],
-        vision_end_token_id=token_ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-        dtype="float32",
-    )
-
-
-def make_processor(tokenizer: Any) -> Qwen2_5_VLProcessor:
-    """Processor whose image/video processors leave frames of 28-multiples (up to 448x448) untouched.
-
-    ``do_sample_frames=False``: the caller samples the frames. ``cap_pixels_per_frame=False``:
-    no per-video pixel budget shrinks the frames of long videos behind the caller's back (it
-    also silences transformers 5.19's warning about that option's future default).
-    """
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
-    size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
-    geometry = {
-        "patch_size": PATCH_SIZE,
-        "merge_size": SPATIAL_MERGE_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-    }
-    image_processor = Qwen2VLImageProcessor(size=dict(size), **geometry)
-    video_processor = Qwen2VLVideoProcessor(
-        size=dict(size), do_sample_frames=False, cap_pixels_per_frame=False, **geometry
-    )
-    return Qwen2_5_VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=tokenizer.chat_template,
-    )
 
 
 def init_weights(model: torch.nn.Module, std: float, seed: int) -> None:
@@ -273,30 +186,36 @@ def _row_texts(row: Any) -> Iterator[str]:
         yield "\n".join(f"{'ABCDEFGH'[i % 8]}. {o}" for i, o in enumerate(options) if isinstance(o, str))
 
 
-def build_model(preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = ()) -> tuple[Any, Any]:
-    """In memory: (model, processor) of ``preset`` with weights drawn from ``seed``."""
-    from models.tokenizer import special_token_ids, train_tokenizer
+def build_model(
+    preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = (), family: str = DEFAULT_FAMILY
+) -> tuple[Any, Any]:
+    """In memory: (model, processor) of ``family`` at size ``preset``, weights drawn from ``seed``."""
+    from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    recipe = family_recipe(family)
     spec = PRESETS[preset]
     tokenizer = train_tokenizer(spec.vocab_size, read_corpus_files(corpus_files))
-    config = make_config(spec, special_token_ids(tokenizer))
-    return instantiate(config, tokenizer, spec.init_std, seed), make_processor(tokenizer)
+    tokenizer.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
+    config = recipe.make_config(spec, special_token_ids(tokenizer))
+    return instantiate(config, tokenizer, spec.init_std, seed), recipe.make_processor(tokenizer)
 
 
-def instantiate(config: Qwen2_5_VLConfig, tokenizer: Any, init_std: float, seed: int) -> Any:
-    """The model of ``config`` with weights drawn from ``seed``, generating until the end of the
-    assistant turn; in eval mode, float32, on the CPU."""
+def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed: int) -> Any:
+    """The model of ``config`` (its family's class, by ``model_type``) with weights drawn from
+    ``seed``, generating until the end of the assistant turn; in eval mode, float32, on the CPU."""
     import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    import transformers
+    from transformers import GenerationConfig
 
     from models.tokenizer import EOS_TOKEN, PAD_TOKEN
 
+    model_class = getattr(transformers, FAMILIES[config.model_type].model_class)
     # Construct on the meta device would skip allocation, but init_weights overwrites every
     # tensor anyway and these models are small: build on CPU and keep the code obvious.
     with _default_dtype(torch.float32):
-        model = Qwen2_5_VLForConditionalGeneration(config)
+        model = model_class(config)
     init_weights(model, init_std, seed)
     model.generation_config = GenerationConfig(
         bos_token_id=config.text_config.bos_token_id,
@@ -321,14 +240,19 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def build_model_dir(
-    preset: str, out_dir: str | Path, seed: int = 0, corpus_files: Sequence[str | Path] = ()
+    preset: str,
+    out_dir: str | Path,
+    seed: int = 0,
+    corpus_files: Sequence[str | Path] = (),
+    family: str = DEFAULT_FAMILY,
 ) -> Path:
-    """Write a loadable Qwen2.5-VL directory for ``preset`` to ``out_dir`` and return its path.
+    """Write a loadable directory of ``family`` at size ``preset`` to ``out_dir``; return its path.
 
-    The same (preset, seed, corpus files) give byte-identical files. ``out_dir`` is created if
-    needed; existing files of the same names are overwritten (the CLI guards against that).
+    The same (family, preset, seed, corpus files) give byte-identical files. ``out_dir`` is
+    created if needed; existing files of the same names are overwritten (the CLI guards
+    against that).
     """
-    model, processor = build_model(preset, seed, corpus_files)
+    model, processor = build_model(preset, seed, corpus_files, family)
     return save_model_dir(model, processor, out_dir)
 
 
@@ -336,8 +260,16 @@ def save_model_dir(model: Any, processor: Any, out_dir: str | Path) -> Path:
     """``save_pretrained`` of model (with its generation config) and processor into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    recipe = FAMILIES.get(model.config.model_type)
+    save_kwargs: dict[str, Any] = {}
+    if recipe is not None and recipe.checkpoint_layout is not None:
+        # Our own layout conversion replaces transformers' (which would undo it).
+        save_kwargs = {
+            "state_dict": recipe.checkpoint_layout(model.state_dict()),
+            "save_original_format": False,
+        }
     with _quiet_progress_bars():  # a one-shard "Writing model shards" bar is just noise in logs
-        model.save_pretrained(out)
+        model.save_pretrained(out, **save_kwargs)
     processor.save_pretrained(out)
     return out
 

@@ -9,8 +9,11 @@ works unchanged on ours:
   prefix space) and byte-level decoder, so every unicode string round-trips (up to NFC);
 - Qwen2.5-VL's special tokens with their exact spellings (ids differ: they come first here);
 - ``eos_token = <|im_end|>`` and ``pad_token = <|endoftext|>``, as in the Instruct checkpoints;
-- a chat template that renders the same text as Qwen2.5-VL's for system/user/assistant turns
-  with string or ``[{"type": "text" | "video" | "image"}]`` content.
+- a chat template that renders the same text as Qwen2.5-VL's (and Qwen2-VL's) for
+  system/user/assistant turns with string or ``[{"type": "text" | "video" | "image"}]``
+  content; :func:`chat_template` gives Qwen3-VL's variant, without the default system turn.
+  The vision special tokens are spelled alike in all three families, so one tokenizer serves
+  them all.
 
 We add the reasoning tags ``<think> </think> <answer> </answer>`` as (non-special) added tokens:
 each becomes one id, which shortens every CoT target, and they survive
@@ -60,11 +63,7 @@ _PRETOKENIZE_REGEX = (
 #   <|im_start|>assistant\n
 # A part is a video if its type says so or it carries a "video" key (the HF processors'
 # convention), likewise for images; text parts contribute their "text".
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\n" + DEFAULT_SYSTEM_MESSAGE + "<|im_end|>\n"
-    "{% endif %}"
+_CONVERSATION = (
     "<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}"
     "{{ message['content'] }}"
@@ -85,6 +84,23 @@ CHAT_TEMPLATE = (
     "<|im_start|>assistant\n"
     "{% endif %}"
 )
+
+
+def chat_template(default_system_message: str | None = DEFAULT_SYSTEM_MESSAGE) -> str:
+    """The chat template, adding ``default_system_message`` before a conversation that has no
+    system turn (Qwen2-VL and Qwen2.5-VL do), or nothing when it is None (Qwen3-VL's Instruct
+    template renders a system turn only when the conversation has one)."""
+    if default_system_message is None:
+        return "{% for message in messages %}" + _CONVERSATION
+    return (
+        "{% for message in messages %}"
+        "{% if loop.first and message['role'] != 'system' %}"
+        "<|im_start|>system\n" + default_system_message + "<|im_end|>\n"
+        "{% endif %}" + _CONVERSATION
+    )
+
+
+CHAT_TEMPLATE = chat_template()
 
 _PAPER_PROMPT = (
     "Please first think deeply about the question based on the given video, and then provide the final "

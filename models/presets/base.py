@@ -1,0 +1,99 @@
+"""What a model family contributes to ``lvrl model build``: its config, processor and geometry.
+
+A :class:`FamilyRecipe` turns one :class:`models.build.Preset` (sizes shared by all families)
+and the special-token ids of lvrl's local tokenizer into the family's own transformers config
+and processor. :mod:`models.build` does the rest, alike for every family: train the tokenizer,
+set the family's chat template, instantiate the model class, draw seeded weights, save.
+
+Nothing here imports torch or transformers at import time: ``lvrl --help`` lists the families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.build import Preset
+
+
+@dataclass(frozen=True)
+class VisionGeometry:
+    """The vision tower's patching, kept as in the family's released checkpoints."""
+
+    patch_size: int
+    spatial_merge_size: int
+    temporal_patch_size: int
+
+    @property
+    def pixel_factor(self) -> int:
+        """Side, in pixels, of one merged visual token: frame sides must be multiples of it."""
+        return self.patch_size * self.spatial_merge_size
+
+
+@dataclass(frozen=True)
+class FamilyRecipe:
+    """How to build one model family.
+
+    Attributes:
+        name: the family's ``model_type`` (what ``config.json`` says and ``--family`` takes).
+        description: one line for ``--help``.
+        model_class: the transformers class to instantiate (a name: importing it costs seconds).
+        geometry: patch, merge and temporal patch sizes of the vision tower.
+        default_system_turn: whether the family's chat template adds the default system turn
+            ("You are a helpful assistant.") to a conversation that has none.
+        accepted_frames: which frames the saved processor passes through without resizing.
+        make_config: ``(preset, special-token ids) -> config``.
+        make_processor: ``tokenizer -> processor`` (the tokenizer already holds the template).
+        checkpoint_layout: ``state_dict -> state_dict`` in the released checkpoints' tensor
+            layout where transformers' ``save_pretrained`` does not write it (None: it does).
+    """
+
+    name: str
+    description: str
+    model_class: str
+    geometry: VisionGeometry
+    default_system_turn: bool
+    accepted_frames: str
+    make_config: Callable[[Preset, dict[str, int]], Any]
+    make_processor: Callable[[Any], Any]
+    checkpoint_layout: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+def check_mrope_section(section: tuple[int, ...] | list[int], head_dim: int) -> None:
+    """M-RoPE splits the rotary half of each head between time, height and width."""
+    if sum(section) * 2 != head_dim:
+        raise ValueError(f"mrope_section {list(section)} must sum to head_dim/2 = {head_dim // 2}")
+
+
+def qwen_text_fields(preset: Preset, token_ids: dict[str, int]) -> dict[str, Any]:
+    """The language-model fields every Qwen VL family's ``text_config`` shares for ``preset``."""
+    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
+
+    return {
+        "vocab_size": preset.vocab_size,
+        "hidden_size": preset.hidden_size,
+        "intermediate_size": preset.intermediate_size,
+        "num_hidden_layers": preset.num_layers,
+        "num_attention_heads": preset.num_heads,
+        "num_key_value_heads": preset.num_kv_heads,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": preset.init_std,
+        "bos_token_id": token_ids[PAD_TOKEN],
+        "eos_token_id": token_ids[EOS_TOKEN],
+        # No pad_token_id here: it would become the embedding's padding_idx and freeze the
+        # <|endoftext|> row. Padding is masked anyway; generate() takes it from generation_config.
+        "dtype": "float32",
+    }
+
+
+def vision_token_ids(token_ids: dict[str, int]) -> dict[str, int]:
+    """The top-level config's ids of the vision special tokens (same spellings in every family)."""
+    return {
+        "image_token_id": token_ids["<|image_pad|>"],
+        "video_token_id": token_ids["<|video_pad|>"],
+        "vision_start_token_id": token_ids["<|vision_start|>"],
+        "vision_end_token_id": token_ids["<|vision_end|>"],
+    }
