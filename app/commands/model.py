@@ -1,7 +1,9 @@
-"""Build model directories offline: a Qwen2.5-VL preset with random weights and a locally trained tokenizer.
+"""Build model directories offline: a model family at a size preset, random weights, a local tokenizer.
 
-``lvrl model build --preset tiny --out runs/models/tiny`` writes config, seeded weights,
-tokenizer, chat template and processor; the directory loads in transformers and in vLLM.
+``lvrl model build --preset tiny --out runs/models/tiny`` writes a Qwen2.5-VL directory (config,
+seeded weights, tokenizer, chat template and processor); ``--family qwen2_vl | qwen3_vl |
+qwen3_vl_moe`` builds another family at the same sizes. The directory loads in transformers and
+in vLLM.
 """
 
 from __future__ import annotations
@@ -22,18 +24,31 @@ _WEIGHT_PATTERNS = (
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``model`` sub-commands to ``parser``."""
     from models.build import PRESETS  # light: no torch model is built at registration
+    from models.presets import DEFAULT_FAMILY, FAMILIES
 
     commands = parser.add_subparsers(dest="model_command", required=True)
     presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
+    families = "; ".join(
+        f"{name}: {recipe.description} (frames kept as given: {recipe.accepted_frames})"
+        for name, recipe in FAMILIES.items()
+    )
     build = commands.add_parser(
         "build",
-        help="build a Qwen2.5-VL model directory from a preset (random weights, local tokenizer)",
+        help="build a model directory (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) from a size preset "
+        "(random weights, local tokenizer)",
         description=(
-            "Build a Qwen2.5-VL model directory offline: config, random float32 weights drawn from --seed, a "
-            "byte-level BPE tokenizer trained on a built-in corpus (plus --corpus files), the chat template "
-            f"and the image/video processors. Presets: {presets}."
+            "Build a model directory offline: config, random float32 weights drawn from --seed, a byte-level "
+            "BPE tokenizer trained on a built-in corpus (plus --corpus files), the family's chat template "
+            f"and its image/video processors. Families: {families}. Presets (sizes shared by every family): "
+            f"{presets}."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    build.add_argument(
+        "--family",
+        choices=list(FAMILIES),
+        default=DEFAULT_FAMILY,
+        help="model family (its config model_type)",
     )
     build.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model size")
     build.add_argument("--out", type=Path, required=True, help="output directory")
@@ -108,11 +123,11 @@ def run_build(args: argparse.Namespace) -> None:
             for stale in out.glob(pattern):
                 stale.unlink()
     start = time.perf_counter()
-    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus)
+    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus, family=args.family)
     save_model_dir(model, processor, out)
     counts = count_parameters(model)
     print(
-        f"built {args.preset} Qwen2.5-VL in {out} ({time.perf_counter() - start:.1f} s): "
+        f"built {args.preset} {args.family} in {out} ({time.perf_counter() - start:.1f} s): "
         f"parameters text {counts['text']:,} / vision {counts['vision']:,} / total {counts['total']:,}; "
         f"tokenizer {len(processor.tokenizer):,} tokens, model vocab {model.config.text_config.vocab_size:,}"
     )
