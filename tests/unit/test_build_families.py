@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from helpers.tolerances import assert_identical
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 
 from models.build import PRESETS, build_model, build_model_dir, count_parameters
 from models.loading import load_model, load_processor
@@ -186,6 +186,31 @@ def test_model_forward_on_a_processed_video(family_dirs: dict[str, Path], family
     with torch.no_grad():
         other = model(**_video_inputs(processor, _frames(4, side, side, seed=1))).logits
     assert not torch.equal(logits, other)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3_vl_moe"])
+def test_deepstack_features_reach_the_language_model(family_dirs: dict[str, Path], family: str) -> None:
+    model, processor = load_model(family_dirs[family]), load_processor(family_dirs[family])
+    inputs = _video_inputs(processor, _frames(4, 64, 64))
+    mergers = model.model.visual.deepstack_merger_list
+    assert len(mergers) == 2  # one per DeepStack level: vision blocks 0 and 1
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        for merger in mergers:  # silence DeepStack: its features become zero
+            merger.linear_fc2.weight.zero_()
+            merger.linear_fc2.bias.zero_()
+        without_deepstack = model(**inputs).logits
+    video = inputs["input_ids"][0] == model.config.video_token_id
+    first_video_token = int(video.nonzero()[0])
+    # Text before the video is untouched (up to rounding: the MoE layers' per-expert matmuls see
+    # other token batches); from the first visual token on, DeepStack changes the logits.
+    assert_float32_close(
+        without_deepstack[0, :first_video_token],
+        logits[0, :first_video_token],
+        ulps=FORWARD_ULPS,
+        reason="logits before the video, with vs without DeepStack",
+    )
+    assert (without_deepstack[0, first_video_token:] - logits[0, first_video_token:]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize(
