@@ -4,9 +4,9 @@ For every family the collator lays out real video prompts (synthetic shards, dec
 through the family's own processor; lvrl then scores completions from the **cached** video
 encodings (the vision tower run once; Qwen3-VL's DeepStack features injected by the family),
 every row whole and with the prompt shared by its rows, and the model's own HF forward scores
-the same rows from pixels. Positions: Qwen2-VL and Qwen3-VL's own ``get_rope_index`` gives
-lvrl's positions exactly; Qwen2.5-VL's differs after the video by design (``core.positions``
-says why), so it gets lvrl's positions. Dropping DeepStack must move Qwen3-VL's scores far
+the same rows from pixels, at lvrl's positions. Qwen3-VL's own ``get_rope_index`` gives lvrl's
+positions exactly; transformers' Qwen2-VL and Qwen2.5-VL rule differs from vLLM's after the
+video (``core.positions`` says why), and lvrl follows vLLM's. Dropping DeepStack must move Qwen3-VL's scores far
 beyond the bar, or the test could not see it missing.
 """
 
@@ -84,17 +84,14 @@ def test_scoring_from_cached_encodings_equals_the_models_own_forward(
     family = family_of(model.config)
     assert videos[0].shape[1] == family.visual_width
     pixels, grids = pixels_of(family_rows, synth_dir)
-    if family.name in ("qwen2_vl", "qwen3_vl"):
+    if family.name == "qwen3_vl":
         # The model's own rule gives lvrl's positions (one row at a time, no padding).
         for row in range(len(scoring.prompt_of_row)):
             length = int(scoring.attention_mask[row].sum())
             ids = scoring.input_ids[row : row + 1, :length]
             grid = grids[scoring.prompt_of_row[row] : scoring.prompt_of_row[row] + 1]
             kinds = (ids == model.config.video_token_id).int() * 2
-            if family.name == "qwen3_vl":
-                own, _ = model.model.get_rope_index(ids, kinds, None, grid.clone())
-            else:
-                own, _ = model.model.get_rope_index(ids, None, grid)
+            own, _ = model.model.get_rope_index(ids, kinds, None, grid.clone())
             assert torch.equal(own, scoring.position_ids[:, row : row + 1, :length]), f"row {row}"
     expected = own_forward_logprobs(model, scoring, pixels, grids, scoring.position_ids)
     for share in (False, True):
@@ -106,7 +103,10 @@ def test_scoring_from_cached_encodings_equals_the_models_own_forward(
             reason=f"{family_rows['name']}, cached encodings (shared prompts: {share}) vs its own forward",
         )
     if family.name == "qwen3_vl":
-        without_deepstack = [v[:, : family.language_width] for v in videos]
+        # Zero DeepStack features add nothing to the hidden states: the scores without them.
+        without_deepstack = [
+            torch.cat([v[:, : family.language_width], 0 * v[:, family.language_width :]], 1) for v in videos
+        ]
         dropped = completion_logprobs(model, scoring, without_deepstack, share_prompts=False)
         mask = scoring.completion_mask.bool()
         assert (dropped - expected)[mask].abs().max() > 1e-2, "DeepStack features seem to have no effect"
