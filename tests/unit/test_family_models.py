@@ -6,8 +6,8 @@ encodings (the vision tower run once; Qwen3-VL's DeepStack features injected by 
 every row whole and with the prompt shared by its rows, and the model's own HF forward scores
 the same rows from pixels, at lvrl's positions. Qwen3-VL's own ``get_rope_index`` gives lvrl's
 positions exactly; transformers' Qwen2-VL and Qwen2.5-VL rule differs from vLLM's after the
-video (``core.positions`` says why), and lvrl follows vLLM's. Dropping DeepStack must move Qwen3-VL's scores far
-beyond the bar, or the test could not see it missing.
+video (``core.positions`` says why), and lvrl follows vLLM's. Dropping DeepStack must move
+Qwen3-VL's scores far beyond the bar, or the test could not see it missing.
 """
 
 from __future__ import annotations
