@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: build the small model and the synthetic data if missing, CoT-SFT, evaluate, GRPO
 # from the SFT export, evaluate again, then print accuracy per category before and after GRPO
-# and plot the reward curve.
+# and plot the reward curve. FAMILY=qwen2_vl|qwen3_vl runs it on another model family (the
+# default is qwen2_5_vl; only the model directory changes, the configs are the same).
 set -euo pipefail
 run_dir=${1:-runs/demo}
 data_dir=${DATA_DIR:-data/synth}
@@ -14,7 +15,8 @@ if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data synth --out "$data_dir"
 fi
 if [ ! -f "$run_dir/model-small/config.json" ]; then
-  "$lvrl" model build --preset small --out "$run_dir/model-small" --corpus "$data_dir"/train-00000.tar
+  "$lvrl" model build --family "${FAMILY:-qwen2_5_vl}" --preset small --out "$run_dir/model-small" \
+    --corpus "$data_dir"/train-00000.tar
 fi
 
 # Evaluate an exported Hugging Face directory on every held-out question (validation + test
