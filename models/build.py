@@ -260,16 +260,10 @@ def save_model_dir(model: Any, processor: Any, out_dir: str | Path) -> Path:
     """``save_pretrained`` of model (with its generation config) and processor into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    recipe = FAMILIES.get(model.config.model_type)
-    save_kwargs: dict[str, Any] = {}
-    if recipe is not None and recipe.checkpoint_layout is not None:
-        # Our own layout conversion replaces transformers' (which would undo it).
-        save_kwargs = {
-            "state_dict": recipe.checkpoint_layout(model.state_dict()),
-            "save_original_format": False,
-        }
+    from models.export import write_weights
+
     with _quiet_progress_bars():  # a one-shard "Writing model shards" bar is just noise in logs
-        model.save_pretrained(out, **save_kwargs)
+        write_weights(model, out)
     processor.save_pretrained(out)
     return out
 

@@ -180,6 +180,13 @@ class ModelFamily:
             raise ValueError(f"{self!r} has no per-visual-token features to inject")
         return model(**kwargs)
 
+    # -- export ---------------------------------------------------------------------------------
+    def released_state_dict(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """``state`` in the released checkpoints' tensor layout where transformers'
+        ``save_pretrained`` does not write that layout itself (vLLM reads only the released one);
+        None: it does (every family but Qwen3-VL-MoE)."""
+        return None
+
     # -- engines --------------------------------------------------------------------------------
     def vllm_video_input(self, video: VideoEmbedding) -> dict[str, Any]:
         """The ``multi_modal_data["video"]`` entry vLLM takes for a cached encoding."""

@@ -49,10 +49,26 @@ class Qwen3_VL(ModelFamily):
         over the source fps), averaged over the frames of a temporal patch (the last frame
         repeated to fill the final patch)."""
         fps = float(metadata["fps"])
-        indices = list(metadata.get("frames_indices") or range(int(metadata["total_num_frames"])))
+        if not metadata.get("frames_indices"):
+            raise ValueError("Qwen3-VL dates its frames from video_metadata['frames_indices']: missing")
+        indices = list(metadata["frames_indices"])
         patch = self.temporal_patch_size
         indices += [indices[-1]] * (-len(indices) % patch)
         return [(indices[i] / fps + indices[i + patch - 1] / fps) / 2 for i in range(0, len(indices), patch)]
+
+    def released_state_dict(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """Qwen3-VL-MoE's fused experts transposed to the released layout: transformers 5.19
+        holds ``gate_up_proj`` as (experts, 2 x width, hidden) and ``down_proj`` as (experts,
+        hidden, width) and saves them so, while the released checkpoints (the only layout vLLM
+        0.32 reads) store (experts, hidden, 2 x width) and (experts, width, hidden); transformers
+        loads either."""
+        if self.config.model_type != "qwen3_vl_moe":
+            return None
+        fused = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+        return {
+            name: tensor.transpose(1, 2).contiguous() if name.endswith(fused) else tensor
+            for name, tensor in state.items()
+        }
 
     def engine_template_ids(self, tokenizer: Any, prompt_text: str) -> list[int]:
         return list(tokenizer(prompt_text, add_special_tokens=False)["input_ids"])
@@ -87,7 +103,9 @@ class Qwen3_VL(ModelFamily):
         levels = list(visual.extra.split(self.language_width, dim=-1))
         hidden = inner.language_model(visual_pos_masks=visual.mask, deepstack_visual_embeds=levels, **kwargs)
         states = hidden.last_hidden_state
-        logits = model.lm_head(states[:, -keep:] if keep else states)
+        # As the model's own forward: the last ``keep`` positions, or the positions a tensor lists.
+        kept = slice(-keep, None) if isinstance(keep, int) else keep
+        logits = model.lm_head(states[:, kept])
         return CausalLMOutputWithPast(logits=logits, past_key_values=hidden.past_key_values)
 
     def vllm_video_input(self, video: VideoEmbedding) -> dict[str, Any]:

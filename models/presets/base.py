@@ -46,8 +46,6 @@ class FamilyRecipe:
         accepted_frames: which frames the saved processor passes through without resizing.
         make_config: ``(preset, special-token ids) -> config``.
         make_processor: ``tokenizer -> processor`` (the tokenizer already holds the template).
-        checkpoint_layout: ``state_dict -> state_dict`` in the released checkpoints' tensor
-            layout where transformers' ``save_pretrained`` does not write it (None: it does).
     """
 
     name: str
@@ -58,7 +56,6 @@ class FamilyRecipe:
     accepted_frames: str
     make_config: Callable[[Preset, dict[str, int]], Any]
     make_processor: Callable[[Any], Any]
-    checkpoint_layout: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 def check_mrope_section(section: tuple[int, ...] | list[int], head_dim: int) -> None:

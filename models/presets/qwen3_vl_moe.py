@@ -13,13 +13,13 @@ Its loader accepts both (it transposes when the shape differs), but its ``save_p
 writes the in-memory layout (the reverse ``Transpose(check_dims=True)`` compares the tensor with
 the model's own parameter, which always matches), and vLLM 0.32 reads only the released one
 (``is_fused_checkpoint_transposed``: "The size of tensor a (96) must match the size of tensor b
-(128)" while loading ``down_proj``). :func:`released_layout` writes the released layout; any
-other writer of a Qwen3-VL-MoE directory (an export after training) needs it too.
+(128)" while loading ``down_proj``). Every writer of a model directory (this build, the export
+after training) writes the released layout: :meth:`models.families.ModelFamily.released_state_dict`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from models.presets import qwen3_vl
 from models.presets.base import FamilyRecipe, vision_token_ids
@@ -32,17 +32,6 @@ if TYPE_CHECKING:
 NUM_EXPERTS = 8
 EXPERTS_PER_TOKEN = 2
 EXPERT_WIDTH_DIVISOR = 4  # each expert's MLP width: the preset's dense intermediate_size / 4
-
-
-FUSED_EXPERT_WEIGHTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
-
-
-def released_layout(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """``state_dict`` with the fused expert weights transposed to the released checkpoints' layout."""
-    return {
-        name: tensor.transpose(1, 2).contiguous() if name.endswith(FUSED_EXPERT_WEIGHTS) else tensor
-        for name, tensor in state_dict.items()
-    }
 
 
 def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen3VLMoeConfig:
@@ -81,5 +70,4 @@ RECIPE = FamilyRecipe(
     accepted_frames=qwen3_vl.RECIPE.accepted_frames,
     make_config=make_config,
     make_processor=qwen3_vl.make_processor,
-    checkpoint_layout=released_layout,
 )

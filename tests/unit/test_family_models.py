@@ -110,3 +110,23 @@ def test_scoring_from_cached_encodings_equals_the_models_own_forward(
         dropped = completion_logprobs(model, scoring, without_deepstack, share_prompts=False)
         mask = scoring.completion_mask.bool()
         assert (dropped - expected)[mask].abs().max() > 1e-2, "DeepStack features seem to have no effect"
+
+
+def test_a_qwen3_vl_moe_export_is_in_the_released_layout(family_model_dir, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from models.export import save_hf_model
+    from models.loading import load_processor
+
+    source = family_model_dir("qwen3_vl_moe")
+    model = load_model(source)
+    out = save_hf_model(model, load_processor(source), tmp_path / "export")
+    name = next(n for n, _ in model.named_parameters() if n.endswith("mlp.experts.down_proj"))
+    held = dict(model.named_parameters())[name]  # (experts, hidden, width) in memory
+    with safe_open(str(next(out.glob("*.safetensors"))), "pt") as weights:
+        keys = weights.keys()  # (a safetensors handle is not iterable)
+        stored = weights.get_tensor(next(k for k in keys if k.endswith("mlp.experts.down_proj")))
+    assert stored.shape == (held.shape[0], held.shape[2], held.shape[1])  # what vLLM reads
+    reloaded = dict(load_model(out).named_parameters())
+    for parameter_name, parameter in model.named_parameters():
+        assert torch.equal(reloaded[parameter_name], parameter), parameter_name
