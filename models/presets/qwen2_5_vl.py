@@ -95,12 +95,13 @@ def qwen2_vl_image_and_video_processors() -> tuple[Any, Any]:
     return image_processor, video_processor
 
 
-def make_processor(tokenizer: Any) -> Qwen2_5_VLProcessor:
-    """Processor whose image/video processors leave frames of 28-multiples (up to 448x448) untouched."""
-    from transformers import Qwen2_5_VLProcessor
+def make_processor(tokenizer: Any, processor_class: str = "Qwen2_5_VLProcessor") -> Qwen2_5_VLProcessor:
+    """Processor whose image/video processors leave frames of 28-multiples (up to 448x448) untouched
+    (``processor_class``: Qwen2-VL's takes the same processors)."""
+    import transformers
 
     image_processor, video_processor = qwen2_vl_image_and_video_processors()
-    return Qwen2_5_VLProcessor(
+    return getattr(transformers, processor_class)(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from models.presets import qwen2_5_vl
 from models.presets.base import FamilyRecipe, check_mrope_section, qwen_text_fields, vision_token_ids
-from models.presets.qwen2_5_vl import GEOMETRY, qwen2_vl_image_and_video_processors
+from models.presets.qwen2_5_vl import GEOMETRY
 
 if TYPE_CHECKING:
     from transformers import Qwen2VLConfig, Qwen2VLProcessor
@@ -60,16 +61,8 @@ def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2VLConfig:
 
 
 def make_processor(tokenizer: Any) -> Qwen2VLProcessor:
-    """Processor whose image/video processors leave frames of 28-multiples (up to 448x448) untouched."""
-    from transformers import Qwen2VLProcessor
-
-    image_processor, video_processor = qwen2_vl_image_and_video_processors()
-    return Qwen2VLProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        video_processor=video_processor,
-        chat_template=tokenizer.chat_template,
-    )
+    """Qwen2.5-VL's processors (frames of 28-multiples kept as given) under Qwen2-VL's processor class."""
+    return qwen2_5_vl.make_processor(tokenizer, processor_class="Qwen2VLProcessor")
 
 
 RECIPE = FamilyRecipe(
