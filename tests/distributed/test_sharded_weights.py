@@ -17,6 +17,7 @@ Equality is exact throughout: gathering shards and casting move values, they com
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -83,6 +84,11 @@ def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
     torch.save(gathered, out / f"uneven-rank{rank}.pt")
     dist.barrier()  # rank 0 has written before the test reads
     dist.destroy_process_group()
+    # Every result is on disk: leave without the interpreter's teardown. Once, on a loaded
+    # machine, rank 0 aborted with "terminate called without an active exception" (a native
+    # thread destroyed while running) some time after writing the export; if that was the
+    # teardown, this skips it, and if not, a result file is missing and the tests say so.
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")
