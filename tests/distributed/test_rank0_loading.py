@@ -17,21 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers.sharded_runs import perturbed_policy
 from helpers.tolerances import assert_identical
 
-from models.loading import load_config, load_model
+from models.loading import load_config
 
 WORLD_SIZE = 2
 
 
 def loaded_model(model_dir: str) -> torch.nn.Module:
-    model = load_model(model_dir)
-    generator = torch.Generator().manual_seed(13)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-            parameter.requires_grad_("visual" not in name)
-    return model
+    return perturbed_policy(model_dir, seed=13)
 
 
 def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers.recording_engines import WeightRecorder
+from helpers.sharded_runs import perturbed_policy
 from helpers.tolerances import assert_identical
 
 from models.export import save_hf_model
@@ -36,17 +37,6 @@ WORLD_SIZE = 2
 KIB = 2**10
 # (engine dtype, bucket bytes): a bucket smaller than most layers, and one that holds several.
 SYNCS = (("float32", 8 * KIB), ("bfloat16", 256 * KIB))
-
-
-def perturbed_policy(model_dir: str) -> torch.nn.Module:
-    """The model of ``model_dir``, every weight moved by seeded noise, the vision tower frozen."""
-    model = load_model(model_dir)
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
-            parameter.requires_grad_("visual" not in name)
-    return model
 
 
 def uneven_layer() -> torch.nn.Linear:

@@ -48,6 +48,18 @@ class RolloutParts:
     row_mask: list[float]
 
 
+def perturbed_policy(model_dir: str | Path, seed: int = 11) -> torch.nn.Module:
+    """The model of ``model_dir``, every weight moved by noise drawn from ``seed`` (so it differs
+    from anything the directory or a constructor holds), the vision tower frozen."""
+    model = load_model(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+            parameter.requires_grad_("visual" not in name)
+    return model
+
+
 def rollout_parts(model_dir: Path, synth_dir: Path, prompts: int, steps: int) -> list[RolloutParts]:
     """``steps`` rollouts of the same ``prompts`` video prompts with step-seeded completions and
     advantages; the last prompt's group is filtered out (row mask 0), so ranks train different
