@@ -19,10 +19,16 @@ with fewer micro-batches to train runs zero-weighted ones on its own rows. The n
 counts summed over the data-parallel ranks and gradients are summed, so the update equals the
 one-process update on the whole batch; logged losses and statistics are summed the same way.
 
-Departures from the paper's released code: the trainer uses the engine's exact token layout
-and M-RoPE positions (the release fell back to 1-D positions in training), and the old-policy
-log-probs are the engine's own, i.e. the behaviour policy's, for every iteration; their gap
-to the trainer's first-iteration log-probs is logged every step as ``rollout/logprob_diff_*``.
+Old policy and rollout correction: by default the old-policy log-probs of the ratio are the
+engine's own (the behaviour policy's), as in the paper's release. With ``rollout_correction``
+the old policy is the trainer's (its first-iteration log-probs, taken before any update of the
+batch) and each token's loss is weighted by a bounded pi_old / pi_engine
+(:mod:`models.rl.correction`: truncated or masked importance sampling). Either way the gap
+between the two is logged every step (``rollout/logprob_diff_*``: mean, max, tail counts, and
+per frame-count bucket), and ``max_logprob_gap`` can stop a run whose gap stays too large.
+
+Departure from the paper's released code: the trainer uses the engine's exact token layout and
+M-RoPE positions (the release fell back to 1-D positions in training).
 """
 
 from __future__ import annotations
@@ -36,10 +42,21 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from core.failures import SafeStop
 from core.layout import ScoringBatch
 from models.logprobs import completion_logprobs, input_embeddings
 from models.lora import base_model
+from models.rl.correction import RolloutCorrection, importance_weights
 from models.rl.losses import policy_loss
+from models.rl.step_statistics import (
+    CORRECTION_STATISTICS,
+    DEFAULT_FRAME_BUCKETS,
+    GAP_TAIL_STATISTICS,
+    FrameBuckets,
+    gap_statistics,
+    is_max_statistic,
+    merge_stats,
+)
 from models.vision import decoder_blocks, drop_vision_tower, encode_videos
 from models.vlm_module import VLMModule, rank0_weights
 from parallel.prefill import sequence_parallel_completion_logprobs
@@ -90,6 +107,19 @@ class GRPOModule(VLMModule):
         reference_placement: with a sharded model, where the frozen reference's shards live:
             ``sharded`` (on the device, like the policy's) or ``cpu`` (in host memory, each
             block copied in for its forward). Never a whole copy per rank.
+        rollout_correction: correct for the engine sampling from a slightly different policy
+            than the trainer scores (bf16 kernels, another attention implementation):
+            ``{mode: truncate|mask, level: token|sequence|geometric, upper: 2.0, lower: null}``
+            (:class:`models.rl.correction.RolloutCorrection`); the old policy becomes the
+            trainer's own first-iteration log-probs and each token's loss is weighted by the
+            bounded pi_old / pi_engine. null (default): the engine's log-probs are the old policy.
+            Logged: ``correction/weight_mean``, ``weight_max``, ``raw_weight_mean``,
+            ``masked_fraction``, ``truncated_fraction``.
+        gap_frame_buckets: the trainer-engine gap is also logged per bucket of frames per video
+            (``rollout/logprob_diff_mean@<lo>-<hi>``); these are the buckets' upper frame counts.
+        max_logprob_gap: stop the run (with a checkpoint) when the step's mean trainer-engine
+            gap (nats per token) exceeds this for ``max_gap_steps`` steps in a row; null: never.
+        max_gap_steps: consecutive steps over ``max_logprob_gap`` that stop the run.
     """
 
     def __init__(
@@ -110,6 +140,10 @@ class GRPOModule(VLMModule):
         max_grad_norm: float | None = 1.0,
         share_prompt_prefix: bool = True,
         reference_placement: str = "sharded",
+        rollout_correction: dict[str, Any] | None = None,
+        gap_frame_buckets: list[int] | None = None,
+        max_logprob_gap: float | None = None,
+        max_gap_steps: int = 3,
         **kwargs: Any,
     ) -> None:
         # RL's own defaults for three shared settings; every other VLMModule argument passes through.
@@ -124,6 +158,14 @@ class GRPOModule(VLMModule):
             raise ValueError(f"max_grad_norm must be > 0 or null, got {max_grad_norm}")
         if reference_placement not in ("sharded", "cpu"):
             raise ValueError(f"reference_placement must be 'sharded' or 'cpu', got {reference_placement!r}")
+        self.correction = RolloutCorrection.of(rollout_correction)
+        self.frame_buckets = FrameBuckets(tuple(gap_frame_buckets or DEFAULT_FRAME_BUCKETS))
+        if max_logprob_gap is not None and max_logprob_gap <= 0:
+            raise ValueError(f"max_logprob_gap must be > 0 or null, got {max_logprob_gap}")
+        if max_gap_steps < 1:
+            raise ValueError(f"max_gap_steps must be >= 1, got {max_gap_steps}")
+        self.steps_over_gap = 0
+        """Consecutive steps whose mean trainer-engine gap exceeded ``max_logprob_gap``."""
         # Scores completions with the sequence split when the strategy hands it a shard.
         self.supports_sequence_parallel = True
         # Several optimizer updates per batch: the step drives the optimizer itself.
@@ -235,11 +277,15 @@ class GRPOModule(VLMModule):
         # Zero-weighted passes on this rank's own rows, while other ranks train more micro-batches.
         idle = [every_row[i % len(every_row)] for i in range(passes - len(chunks))]
         references = self._reference_logprobs(rollout, chunks + idle)
+        # With rollout correction: each micro-batch's old-policy log-probs and importance weights,
+        # from the first iteration's pass (taken before any update of this batch).
+        old_policy: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(chunks)
         totals: dict[str, torch.Tensor] = {}
         for iteration in range(self.hparams.num_iterations):
-            for rows, reference in zip(chunks, references, strict=False):
+            for index, (rows, reference) in enumerate(zip(chunks, references, strict=False)):
+                first = iteration == 0
                 stats = self._accumulate_gradients(
-                    rollout, rows, mask, normalizers, reference, first_iteration=iteration == 0
+                    rollout, rows, mask, normalizers, reference, old_policy, index, first_iteration=first
                 )
                 merge_stats(totals, stats)
             for rows in idle:
@@ -255,7 +301,26 @@ class GRPOModule(VLMModule):
                     merge_stats(totals, self._diagnostics(rollout, rows))
         self.log("train/trained_row_fraction", len(trained) / total_rows, batch_size=total_rows)
         self.log("train/nonfinite_skipped", float(self.nonfinite_skipped), batch_size=total_rows)
-        self._log_step(totals, total_rows)
+        mean_gap = self._log_step(totals, total_rows)
+        self._check_gap(mean_gap)
+
+    def _check_gap(self, mean_gap: float) -> None:
+        """Count steps whose mean trainer-engine gap exceeds ``max_logprob_gap``; stop after too many
+        in a row (between steps, after the update: the checkpoint written is consistent)."""
+        bound = self.hparams.max_logprob_gap
+        if bound is None:
+            return
+        self.steps_over_gap = self.steps_over_gap + 1 if mean_gap > bound else 0
+        if self.steps_over_gap >= self.hparams.max_gap_steps:
+            raise LogprobGapTooLarge(
+                f"the trainer's and the engine's log-probs of the sampled tokens differed by {mean_gap:.3g} "
+                f"nats per token on average, over model.max_logprob_gap={bound:g}, for "
+                f"{self.steps_over_gap} steps in a row (step {self.global_step}); stopping with a "
+                "checkpoint. "
+                "The engine no longer samples the policy the trainer updates: check the engine's dtype and "
+                "attention kernels against the trainer's (rollout/logprob_diff_mean@<frames> shows whether "
+                "long videos are the cause), set model.rollout_correction, or raise the bound"
+            )
 
     # -- pieces of the step ------------------------------------------------------------------
     def _reference_logprobs(
@@ -349,11 +414,27 @@ class GRPOModule(VLMModule):
         mask: torch.Tensor,
         normalizers: dict[str, float],
         reference: torch.Tensor | None,
+        old_policy: list[tuple[torch.Tensor, torch.Tensor] | None],
+        index: int,
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
-        """Forward + backward of the given rows; returns token-weighted statistics."""
-        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
+        """Forward + backward of the given rows (micro-batch ``index``); returns token-weighted
+        statistics. With rollout correction the first iteration fills ``old_policy[index]``."""
+        scoring, logprobs, engine, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
         chunk_mask = mask[rows].to(self.device)
+        old, weights, correction_stats = engine, None, {}
+        if self.correction is not None:
+            if first_iteration:
+                # No update has touched the weights yet: these log-probs, detached, are the old
+                # policy's (what a separate no-grad pass would compute, bit for bit).
+                old = logprobs.detach()
+                weights, measured = importance_weights(old, engine, chunk_mask, self.correction)
+                correction_stats = {f"is_{name}": value for name, value in measured.items()}
+                old_policy[index] = (old, weights)
+            else:
+                cached = old_policy[index]
+                assert cached is not None
+                old, weights = cached
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -367,6 +448,7 @@ class GRPOModule(VLMModule):
             kl_coef=self.hparams.kl_coef,
             ref_logprobs=reference,
             kl_kind=self.hparams.kl_kind,
+            token_weights=weights,
             **normalizers,
         )
         self.manual_backward(loss)
@@ -377,8 +459,23 @@ class GRPOModule(VLMModule):
         out.update(pg_loss=stats["pg_loss"], kl_loss=stats["kl_loss"], loss=loss.detach(), tokens=tokens)
         if first_iteration:
             # Before any update of this batch, so trainer and engine score the same policy.
-            out.update(gap_statistics(logprobs, old, scoring.completion_mask, entropy))
+            out.update(self._gap_statistics(rollout, rows, logprobs, engine, scoring, entropy))
+            out.update(correction_stats)
         return out
+
+    def _gap_statistics(
+        self,
+        rollout: RolloutBatch,
+        rows: list[int],
+        logprobs: torch.Tensor,
+        engine: torch.Tensor,
+        scoring: ScoringBatch,
+        entropy: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        frames = [rollout.prompts.meta[rollout.scoring.prompt_of_row[row]]["num_frames"] for row in rows]
+        return gap_statistics(
+            logprobs.detach(), engine, scoring.completion_mask, entropy, frames, self.frame_buckets
+        )
 
     def _score(
         self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor | None]
@@ -396,11 +493,11 @@ class GRPOModule(VLMModule):
         while others do: the shards' collectives need every rank); returns the gap statistics."""
         scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
         self.manual_backward(logprobs.sum() * 0.0)
-        return gap_statistics(logprobs.detach(), old, scoring.completion_mask, entropy)
+        return self._gap_statistics(rollout, rows, logprobs, old, scoring, entropy)
 
     def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
         scoring, logprobs, old, entropy = self._score(rollout, rows, list(rollout.video_embeds()))
-        return gap_statistics(logprobs, old, scoring.completion_mask, entropy)
+        return self._gap_statistics(rollout, rows, logprobs, old, scoring, entropy)
 
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:
         # Stepped even when no row trained (no gradients: the weights stay), so that
@@ -424,21 +521,13 @@ class GRPOModule(VLMModule):
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
 
-    def _log_step(self, totals: dict[str, torch.Tensor], rows: int) -> None:
+    def _log_step(self, totals: dict[str, torch.Tensor], rows: int) -> float:
         """Statistics averaged over the step's updates (token-weighted within an update), over the
-        whole batch when the model is sharded (each rank holds its share)."""
+        whole batch when the model is sharded (each rank holds its share). Returns the step's mean
+        trainer-engine gap."""
         zero = torch.zeros(())
         if self.data_parallel_group is not None:
-            # The same names on every rank, in the same order (a rank that trained nothing has
-            # fewer): one sum, and one max for the largest gap.
-            summed = torch.stack(
-                [totals.get(name, zero).detach().float().cpu() for name in SUMMED_STATISTICS]
-            )
-            totals = dict(zip(SUMMED_STATISTICS, self.sum_over_data(summed.to(self.device)), strict=True)) | {
-                "grad_norm": totals.get("grad_norm", zero),
-                "gap_max": totals.get("gap_max", zero).detach().clone().to(self.device),
-            }
-            dist.all_reduce(totals["gap_max"], op=dist.ReduceOp.MAX, group=self.data_parallel_group)
+            totals = self._combine_over_data(totals)
         updates = self.hparams.num_iterations
         tokens = totals.get("tokens", zero).clamp(min=1)
         for name in ("clip_fraction", "dual_clip_fraction", "ratio_mean", "approx_kl", "ref_kl"):
@@ -447,10 +536,49 @@ class GRPOModule(VLMModule):
             self.log(f"train/{name}", totals.get(name, zero) / updates, batch_size=rows)
         self.log("train/loss", totals.get("loss", zero) / updates, prog_bar=True, batch_size=rows)
         sampled = totals.get("sampled_tokens", zero).clamp(min=1)
-        self.log("rollout/logprob_diff_mean", totals.get("gap_sum", zero) / sampled, batch_size=rows)
+        mean_gap = totals.get("gap_sum", zero) / sampled
+        self.log("rollout/logprob_diff_mean", mean_gap, batch_size=rows)
         self.log("rollout/logprob_diff_max", totals.get("gap_max", zero), batch_size=rows)
+        self.log("rollout/sequence_logprob_diff_max", totals.get("sequence_gap_max", zero), batch_size=rows)
+        for name in GAP_TAIL_STATISTICS:  # the share of tokens whose gap exceeds each threshold
+            threshold = name.removeprefix("gap_over_")
+            share = totals.get(name, zero) / sampled
+            self.log(f"rollout/logprob_diff_over_{threshold}", share, batch_size=rows)
+        for label in self.frame_buckets.labels:
+            bucket_tokens = totals.get(f"sampled_tokens@{label}", zero)
+            if bucket_tokens > 0:
+                gap = totals[f"gap_sum@{label}"] / bucket_tokens
+                self.log(f"rollout/logprob_diff_mean@{label}", gap, batch_size=rows)
+        if self.correction is not None:
+            weighted = totals.get("is_tokens", zero).clamp(min=1)
+            for name in ("weight", "raw_weight"):
+                mean = totals.get(f"is_{name}_sum", zero) / weighted
+                self.log(f"correction/{name}_mean", mean, batch_size=rows)
+            self.log("correction/weight_max", totals.get("is_weight_max", zero), batch_size=rows)
+            for kind in ("masked", "truncated"):
+                share = totals.get(f"is_{kind}_tokens", zero) / weighted
+                self.log(f"correction/{kind}_fraction", share, batch_size=rows)
         self.log("train/entropy", totals.get("entropy_sum", zero) / sampled, batch_size=rows)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=rows)
+        return float(mean_gap)
+
+    def _combine_over_data(self, totals: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The step's statistics of every data-parallel rank combined: one sum and one max (the same
+        names on every rank, in the same order; a rank that trained nothing has fewer)."""
+        zero = torch.zeros(())
+        summed_names = (*SUMMED_STATISTICS, *self.frame_buckets.statistic_names())
+        summed = torch.stack([totals.get(name, zero).detach().float().cpu() for name in summed_names])
+        combined = dict(zip(summed_names, self.sum_over_data(summed.to(self.device)), strict=True))
+        largest = torch.stack([totals.get(name, zero).detach().float().cpu() for name in MAX_STATISTICS])
+        largest = largest.to(self.device)
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=self.data_parallel_group)
+        combined |= dict(zip(MAX_STATISTICS, largest, strict=True))
+        combined["grad_norm"] = totals.get("grad_norm", zero)  # already the same on every rank
+        return combined
+
+
+class LogprobGapTooLarge(SafeStop):
+    """The trainer-engine log-prob gap stayed above ``max_logprob_gap`` for ``max_gap_steps`` steps."""
 
 
 SUMMED_STATISTICS = (
@@ -466,8 +594,14 @@ SUMMED_STATISTICS = (
     "sampled_tokens",
     "gap_sum",
     "entropy_sum",
+    *GAP_TAIL_STATISTICS,
+    *CORRECTION_STATISTICS,
 )
 """Step statistics that add up over data-parallel ranks (token-weighted sums and loss shares)."""
+
+MAX_STATISTICS = ("gap_max", "sequence_gap_max", "is_weight_max")
+"""Step statistics combined over data-parallel ranks by their maximum."""
+assert all(is_max_statistic(name) for name in MAX_STATISTICS)
 
 
 def rows_that_train(advantages: torch.Tensor, row_mask: torch.Tensor, kl_coef: float) -> list[int]:
@@ -501,24 +635,3 @@ def loss_normalizers(
     if aggregation == "token_mean":
         return {"token_count_normalizer": float(total(mask.bool().sum().float()))}
     return {"seq_count_normalizer": float(total((mask.bool().sum(dim=-1) > 0).sum().float()))}
-
-
-def gap_statistics(
-    logprobs: torch.Tensor, old: torch.Tensor, completion_mask: torch.Tensor, entropy: torch.Tensor
-) -> dict[str, torch.Tensor]:
-    """Sums behind ``rollout/logprob_diff_*`` (trainer vs engine on the sampled tokens) and the entropy."""
-    valid = completion_mask.to(logprobs.device).bool()
-    gap = torch.where(valid, (logprobs.detach() - old).abs(), 0.0)
-    return {
-        "gap_sum": gap.sum(),
-        "gap_max": gap.max(),
-        "entropy_sum": entropy[valid].sum(),
-        "sampled_tokens": valid.sum(),
-    }
-
-
-def merge_stats(totals: dict[str, torch.Tensor], stats: dict[str, torch.Tensor]) -> None:
-    """Add ``stats`` into ``totals`` (maxima for ``gap_max``)."""
-    for name, value in stats.items():
-        merge = torch.maximum if name == "gap_max" else torch.add
-        totals[name] = merge(totals[name], value) if name in totals else value

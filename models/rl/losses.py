@@ -150,6 +150,7 @@ def policy_loss(
     token_count_normalizer: float | Tensor | None = None,
     seq_count_normalizer: float | Tensor | None = None,
     max_completion_length: int | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped-surrogate policy loss (PPO/GRPO/DAPO/GSPO) plus an optional KL-to-reference term.
 
@@ -185,6 +186,10 @@ def policy_loss(
     clip ranges are far smaller than the token-level ones (the paper uses 3e-4 / 4e-4): set
     ``clip_low`` / ``clip_high`` accordingly, the defaults are token-level values.
 
+    Rollout correction (:mod:`models.rl.correction`): ``token_weights`` ``(batch, max_len)``
+    multiplies each token's surrogate loss after clipping (L_t <- w_t * L_t), as constants (no
+    gradient flows through them); the KL term is not weighted. None: every weight is 1.
+
     KL: ``kl_coef = 0`` skips the term and ``ref_logprobs`` may be None; with a reference
     given the KL is still reported. Log-ratios are clamped to [-20, 20] before ``exp``
     (see ``LOG_RATIO_LIMIT``).
@@ -217,6 +222,8 @@ def policy_loss(
         raise ValueError("kl_coef != 0 needs ref_logprobs")
     if ref_logprobs is not None and ref_logprobs.shape != logprobs.shape:
         raise ValueError(f"ref_logprobs {tuple(ref_logprobs.shape)} must match logprobs")
+    if token_weights is not None and token_weights.shape != logprobs.shape:
+        raise ValueError(f"token_weights {tuple(token_weights.shape)} must match logprobs")
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     advantages = advantages.float().expand_as(logprobs)
@@ -248,6 +255,8 @@ def policy_loss(
         per_token = torch.where(dual_clipped, cap, per_token)
     else:
         dual_clipped = torch.zeros_like(valid)
+    if token_weights is not None:
+        per_token = per_token * torch.where(valid, token_weights.detach().float(), 0.0)
 
     def aggregate(values: Tensor) -> Tensor:
         return aggregate_loss(
