@@ -10,8 +10,10 @@ reports them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from core.layout import ScoringBatch
 from models.families import ModelFamily, VisualFeatures, family_of
@@ -178,7 +180,7 @@ def _shared_prompt_logits(
     last = prompt_pass.logits[torch.arange(len(leaders)), last_index.to(device)]
     slot = torch.tensor([leaders.index(g) for g in groups], device=device)
     cache = prompt_pass.past_key_values
-    cache.batch_select_indices(slot)  # each row gets its prompt's keys and values (differentiable)
+    _select_prompt_rows(cache, slot)  # each row gets its prompt's keys and values (differentiable)
 
     width = batch.completion_mask.shape[1]
     starts = batch.prompt_lengths
@@ -197,7 +199,26 @@ def _shared_prompt_logits(
         past_key_values=cache,
         use_cache=True,
     )
-    return last[slot], completion_pass.logits
+    return last.index_select(0, slot), completion_pass.logits
+
+
+def _select_prompt_rows(cache: Any, slot: torch.Tensor) -> None:
+    """``cache.batch_select_indices(slot)`` with a backward that is the same in every run.
+
+    Advanced indexing (what transformers' ``batch_select_indices`` does) differentiates into
+    ``index_put_(accumulate=True)``, which on more than one CPU thread adds the G rows'
+    gradients into their shared prompt with atomic float adds in whatever order the threads
+    reach them: the update then differs between identical runs in the last bits (measured with
+    two threads: 227 of 300 repeats of one (4 rows, 2 heads, 150 tokens, 32) selection differed
+    from the first). ``index_select`` differentiates into ``index_add_``, which adds in row
+    order.
+    """
+    for layer in cache.layers:
+        if type(layer).batch_select_indices is not DynamicLayer.batch_select_indices:
+            layer.batch_select_indices(slot)  # a layer with state of its own: its own selection
+        elif layer.get_seq_length() > 0:
+            layer.keys = layer.keys.index_select(0, slot)
+            layer.values = layer.values.index_select(0, slot)
 
 
 def _pad_columns(values: torch.Tensor, width: int, dim: int = 0) -> torch.Tensor:
