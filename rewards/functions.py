@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.qa import MULTIPLE_CHOICE, OPTION_LETTERS
-from rewards.parsing import extract_answer, follows_format, parse_choice
+from rewards.parsing import extract_answer, follows_format, parse_choice, reasoning_agrees, response_choice
 from rewards.registry import register
 
 DEFAULT_NUM_OPTIONS = 4
@@ -79,6 +79,35 @@ def format_reward(completions: Sequence[str], **_: Any) -> list[float]:
     [1.0, 0.0, 0.0]
     """
     return [1.0 if follows_format(completion) else 0.0 for completion in completions]
+
+
+@register("reasoning_agreement")
+def reasoning_agreement_reward(
+    completions: Sequence[str], *, options: Sequence[Sequence[str] | None] | None = None, **_: Any
+) -> list[float]:
+    """1.0 when the ``<think>`` part states exactly one option and the answer picks that option.
+
+    The outcome reward alone lets the answer drift away from the reasoning (the demo's GRPO
+    raised accuracy while the share of answers whose reasoning names them fell); weighted beside
+    it, this keeps them together. 0.0 when the reasoning states another option, none or several,
+    or the sample has no listed options (:func:`rewards.parsing.reasoning_agrees`): a constant
+    within such a group, so it moves no advantage there.
+
+    >>> options = [["red", "green", "blue", "yellow"]] * 3
+    >>> reasoning_agreement_reward([
+    ...     "<think>It opens on blue.</think><answer>C</answer>",
+    ...     "<think>It opens on blue.</think><answer>A</answer>",
+    ...     "<think>Red, then blue.</think><answer>C</answer>",
+    ... ], options=options)
+    [1.0, 0.0, 0.0]
+    """
+    option_lists = _per_sample("options", options, len(completions))
+    scores = []
+    for completion, listed in zip(completions, option_lists, strict=True):
+        listed = list(listed or [])
+        choice = response_choice(completion, len(listed) or DEFAULT_NUM_OPTIONS, listed) if listed else None
+        scores.append(1.0 if listed and reasoning_agrees(completion, choice, listed) else 0.0)
+    return scores
 
 
 # --- multiple choice ------------------------------------------------------------------------

@@ -507,3 +507,20 @@ def test_specs_parse_from_yaml_with_jsonargparse() -> None:
     assert "rel_tol: 0.01" in parser.dump(config)
     specs = parser.instantiate(config).consumer.rewards
     assert specs == [RewardSpec("accuracy", 0.9), RewardSpec("numeric_accuracy", 0.1, {"rel_tol": 0.01})]
+
+
+@pytest.mark.parametrize(
+    ("completion", "options", "expected"),
+    [
+        ("<think>The screen turns green.</think><answer>B</answer>", ["red", "green", "blue"], 1.0),
+        ("<think>The screen turns green.</think><answer>green</answer>", ["red", "green", "blue"], 1.0),
+        ("<think>The screen turns green.</think><answer>C</answer>", ["red", "green", "blue"], 0.0),
+        ("<think>Red, then green.</think><answer>B</answer>", ["red", "green", "blue"], 0.0),  # two stated
+        ("<think>No colour is named.</think><answer>B</answer>", ["red", "green", "blue"], 0.0),
+        ("<think>green</think><answer>B</answer><answer>B</answer>", ["red", "green", "blue"], 0.0),
+        ("<think>It is 3.</think><answer>3</answer>", None, 0.0),  # no options: constant 0
+    ],
+)
+def test_reasoning_agreement_reward(completion: str, options: list[str] | None, expected: float) -> None:
+    score = get_reward("reasoning_agreement")([completion], options=[options], answer=["B"])
+    assert score == [expected]
