@@ -44,7 +44,11 @@ from rollout.experience import (
     collect_rollouts,
     rollout_metrics,
     sample_records,
+    select_groups,
 )
+from rollout.guardrails import forbidden_completion_ids
+from rollout.refill import DynamicSampling, RefillReport, sample_until_informative
+from rollout.shaping import OverlongShaping
 from rollout.supervision import EngineSupervisor
 from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, trainable_parameters
 
@@ -68,7 +72,17 @@ class RolloutCallback(Callback):
         max_new_tokens: generation budget per completion.
         rewards: reward functions and weights; default 0.9 * accuracy + 0.1 * format.
         advantage: ``grpo`` (mean/std per group), ``dr_grpo`` (mean only) or ``rloo``.
-        filter_zero_variance: drop groups whose rewards are all equal (DAPO's dynamic sampling).
+        filter_zero_variance: drop groups whose rewards are all equal (they have no signal; the
+            step trains on fewer groups).
+        dynamic_sampling: keep the step's number of informative groups instead, by sampling more
+            prompts (DAPO's dynamic sampling, :mod:`rollout.refill`): ``{groups, max_rounds}``
+            (defaults: the batch size, 3 rounds); logged under ``sampling/``. null: off.
+        overlong: DAPO's soft overlong penalty, ``{buffer, penalty}`` (:mod:`rollout.shaping`):
+            a completion longer than ``max_new_tokens - buffer`` loses up to ``penalty`` of
+            reward, linearly to the budget; logged as ``reward/overlong_mean``. null: off.
+        mask_truncated: completions that ran out of ``max_new_tokens`` do not train (their
+            group's advantages still count them); ``rollout/truncated_fraction`` is logged
+            either way.
         log_samples_every_n_steps: write sampled completions with their rewards (JSONL in the
             run folder, and a wandb table when wandb logs) every N steps; 0 disables.
         seed: base sampling seed (step-dependent), None for nondeterministic sampling.
@@ -79,6 +93,10 @@ class RolloutCallback(Callback):
             dropped before the next is gathered: the sync's extra memory per device is the
             bucket, or one engine layer when a layer alone is larger (an embedding matrix).
             Logged as ``memory/weight_sync_peak_mb``.
+
+    Guardrails (:mod:`rollout.guardrails`), always on: the engine never samples the vision
+    placeholders and markers, and a completion holding another special token the chat template
+    forbids does not train (counted as ``rollout/rejected_special_tokens``).
 
     An engine that fails during a rollout (an exception: a crashed worker, a lost device) is
     shut down, started again with the current weights, and the step's rollout retried once; a
@@ -95,6 +113,9 @@ class RolloutCallback(Callback):
         rewards: list[RewardSpec] | None = None,
         advantage: str = "grpo",
         filter_zero_variance: bool = False,
+        dynamic_sampling: dict[str, Any] | None = None,
+        overlong: dict[str, Any] | None = None,
+        mask_truncated: bool = False,
         log_samples_every_n_steps: int = 10,
         seed: int | None = 0,
         rollout_timeout_s: float | None = None,
@@ -111,7 +132,10 @@ class RolloutCallback(Callback):
             tuple(rewards) if rewards else tuple(default_reward_specs()),
             advantage,
             filter_zero_variance,
+            overlong=OverlongShaping.of(overlong),
+            mask_truncated=mask_truncated,
         )
+        self.dynamic_sampling = DynamicSampling.of(dynamic_sampling)
         self.engine = engine
         self.log_samples_every_n_steps = log_samples_every_n_steps
         self.rollout_timeout_s = rollout_timeout_s
@@ -121,6 +145,8 @@ class RolloutCallback(Callback):
         self.supervisor: EngineSupervisor | None = None
         self._first_rollout = True
         self._train_started = time.perf_counter()
+        self.forbidden_token_ids: frozenset[int] = frozenset()
+        """Special tokens a completion must not hold (:mod:`rollout.guardrails`), set up per fit."""
         self.vision_calls = 0
         """Vision-tower encodings so far (one per prompt per step; the tests count them)."""
 
@@ -138,6 +164,14 @@ class RolloutCallback(Callback):
                 f"{type(pl_module).__name__} does not"
             )
         pl_module.check_experience(self.settings, self.engine)
+        if self.dynamic_sampling is not None and not callable(
+            getattr(trainer.datamodule, "draw_train_batch", None)
+        ):
+            raise TypeError(
+                "dynamic_sampling draws more prompts from the training data, through the datamodule's "
+                f"draw_train_batch(); {type(trainer.datamodule).__name__} has none (use "
+                "datamodules.longvideo_reason.LongVideoReasonDataModule, or set dynamic_sampling: null)"
+            )
         self.supervisor = EngineSupervisor(
             self.engine,
             policy=pl_module.policy,
@@ -151,6 +185,7 @@ class RolloutCallback(Callback):
         # rollout, not here: a strategy that restores after its setup (the sharded one) loads
         # the checkpoint, and sets trainer.ckpt_path, only after on_fit_start.
         assert self.supervisor is not None
+        self.forbidden_token_ids = forbidden_completion_ids(pl_module.policy().tokenizer)
         self.supervisor.start(sync_weights=False)
         self._first_rollout = True
 
@@ -185,27 +220,75 @@ class RolloutCallback(Callback):
 
             return supervisor.run(on, step)
 
+        pad_token_id = pl_module.policy().tokenizer.pad_token_id
+        length_multiple = shard.length_multiple if shard is not None else 1
+
+        def collect(prompts: PromptBatch, round_index: int) -> RolloutBatch:
+            return collect_rollouts(
+                prompts,
+                encode,
+                generate,
+                self.settings,
+                step=step,
+                pad_token_id=pad_token_id,
+                length_multiple=length_multiple,
+                round_index=round_index,
+                forbidden_token_ids=self.forbidden_token_ids,
+            )
+
         started = time.perf_counter()
         # Awake: started so, or woken for the last weight sync.
-        rollouts = collect_rollouts(
-            PromptBatch.of(batch),
-            encode,
-            generate,
-            self.settings,
-            step=step,
-            pad_token_id=pl_module.policy().tokenizer.pad_token_id,
-            length_multiple=shard.length_multiple if shard is not None else 1,
-        )
+        report: RefillReport | None = None
+        if self.dynamic_sampling is None:
+            rollouts = sampled = collect(PromptBatch.of(batch), 0)
+        else:
+            rollouts, rounds, report = sample_until_informative(
+                PromptBatch.of(batch),
+                collect,
+                lambda: self._draw_prompts(trainer, pl_module),
+                self.dynamic_sampling,
+                everywhere=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=True),
+                pad_token_id=pad_token_id,
+                length_multiple=length_multiple,
+            )
+            # Statistics and samples of everything sampled, not only the groups that train.
+            every_group = [
+                (r, k) for r, sampled_round in enumerate(rounds) for k in range(len(sampled_round.prompts))
+            ]
+            sampled = (
+                select_groups(rounds, every_group, pad_token_id=pad_token_id)
+                if len(rounds) > 1
+                else rounds[0]
+            )
         self.engine.sleep()  # the trainer gets the device until the weight sync
         pl_module.receive_rollouts(rollouts)
-        self._log(pl_module, rollouts, time.perf_counter() - started)
+        self._log(pl_module, sampled, time.perf_counter() - started, report)
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
-            self._write_samples(trainer, rollouts)
+            self._write_samples(trainer, sampled)
         self._train_started = time.perf_counter()
 
-    def _log(self, pl_module: L.LightningModule, rollouts: RolloutBatch, rollout_time: float) -> None:
+    @staticmethod
+    def _draw_prompts(trainer: L.Trainer, pl_module: L.LightningModule) -> PromptBatch | None:
+        """One more batch of prompts from the training stream (dynamic sampling's next round)."""
+        batch = trainer.datamodule.draw_train_batch()  # type: ignore[union-attr]
+        if batch is None:
+            return None
+        # The hooks Lightning runs on a batch it fetched for training: the datamodule's counts it
+        # as consumed (its stream position in checkpoints), then it moves to the device.
+        batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
+        return PromptBatch.of(trainer.strategy.batch_to_device(batch, dataloader_idx=0))
+
+    def _log(
+        self,
+        pl_module: L.LightningModule,
+        rollouts: RolloutBatch,
+        rollout_time: float,
+        report: RefillReport | None = None,
+    ) -> None:
         n = len(rollouts)
         metrics = rollout_metrics(rollouts)
+        if report is not None:
+            metrics.update(report.metrics())
         metrics["rollout/engine_restarts"] = float(self.engine_restarts)
         metrics["time/rollout_s"] = rollout_time
         for name, value in metrics.items():

@@ -114,6 +114,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self._trained_positions: dict[int, int] = {}
         self._next_train_epoch = 0
         self._exhausted_epoch = -1
+        # Positions handed out by the training loader but not yet trained on, per (epoch, worker):
+        # the batch Lightning fetches ahead, and, while dynamic sampling draws later batches,
+        # one that is older than the newest trained position (read again after a resume).
+        self._untrained: dict[tuple[int, int], set[int]] = {}
+        self._train_loader: EpochAwareDataLoader | None = None
         self._resume_state: dict[str, Any] | None = None
 
     @property
@@ -199,6 +204,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             dataset,
             epoch_fn=self._start_train_pass if train else None,
             on_exhausted=self._train_pass_exhausted if train else None,
+            on_fetched=self._train_batch_fetched if train else None,
             batch_size=batch_size,
             num_workers=workers,
             collate_fn=collator,
@@ -211,7 +217,19 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
         collator = VideoQACollator(self.processor, with_targets=True, family=self.family)
         self._apply_resume_state(self.datasets["train"])
-        return self._loader(self.datasets["train"], self.hparams.batch_size, collator, train=True)
+        self._train_loader = self._loader(
+            self.datasets["train"], self.hparams.batch_size, collator, train=True
+        )
+        return self._train_loader
+
+    def draw_train_batch(self) -> Any | None:
+        """One more batch of the training pass under way, for a step that samples more prompts than
+        its own batch (dynamic sampling, :mod:`rollout.refill`); None when the pass is read to
+        its end. The caller passes it through Lightning's transfer hooks as the trainer does with
+        a batch it fetched, which counts it as consumed (and saved so in checkpoints)."""
+        if self._train_loader is None:
+            raise RuntimeError("draw_train_batch() is only possible while training reads the data")
+        return self._train_loader.draw()
 
     def _start_train_pass(self) -> int:
         epoch = self._next_train_epoch
@@ -221,6 +239,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
     def _train_pass_exhausted(self, epoch: int) -> None:
         self._exhausted_epoch = max(self._exhausted_epoch, epoch)
 
+    def _train_batch_fetched(self, batch: Any) -> None:
+        for meta in batch.get("meta", []) if isinstance(batch, dict) else []:
+            epoch, worker, position = meta["stream"]
+            self._untrained.setdefault((epoch, worker), set()).add(position)
+
     # -- exact resume ------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         # Called for the batch about to be trained on (not for batches prefetched ahead of it).
@@ -229,8 +252,20 @@ class LongVideoReasonDataModule(L.LightningDataModule):
                 epoch, worker, position = meta["stream"]
                 if epoch != self._trained_epoch:
                     self._trained_epoch, self._trained_positions = epoch, {}
+                    self._untrained = {k: v for k, v in self._untrained.items() if k[0] >= epoch}
                 self._trained_positions[worker] = max(self._trained_positions.get(worker, 0), position + 1)
+                self._untrained.get((epoch, worker), set()).discard(position)
         return batch
+
+    def _read_again(self) -> dict[int, list[int]]:
+        """Per worker, the positions of the trained epoch below its next position that were read
+        but not trained on (empty unless dynamic sampling drew past a batch fetched ahead)."""
+        again = {}
+        for (epoch, worker), positions in self._untrained.items():
+            below = sorted(p for p in positions if p < self._trained_positions.get(worker, 0))
+            if epoch == self._trained_epoch and below:
+                again[worker] = below
+        return again
 
     def state_dict(self) -> dict[str, Any]:
         """The training stream's position on every data-parallel rank (saved in checkpoints).
@@ -239,11 +274,13 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         that the one file written by rank 0 holds them all.
         """
         rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
+        again = self._read_again()
         mine = {
             "epoch": self._trained_epoch,
             "next_positions": dict(self._trained_positions),
-            # Read to its end: at a checkpoint this means the last batch trained was its last.
-            "epoch_finished": self._exhausted_epoch >= self._trained_epoch,
+            "read_again": again,
+            # Read to its end, and nothing of it left untrained: the last batch trained was its last.
+            "epoch_finished": self._exhausted_epoch >= self._trained_epoch and not again,
             "skipped_samples": self.skipped.value,
             "skipped_by_reason": self.skipped.by_reason(),
         }
@@ -282,7 +319,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             return
         self._trained_epoch, self._trained_positions = mine["epoch"], dict(mine["next_positions"])
         self._next_train_epoch = mine["epoch"]
-        stream.resume_from(mine["epoch"], mine["next_positions"])
+        # Checkpoints written before dynamic sampling have no positions to read again.
+        stream.resume_from(mine["epoch"], mine["next_positions"], mine.get("read_again"))
         trained = sum(mine["next_positions"].values())
         log.info("resuming the data stream in epoch %d after %d samples", mine["epoch"], trained)
 

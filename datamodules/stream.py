@@ -12,7 +12,8 @@ counting the raw samples that worker read in that epoch (after shuffling, reject
 included). The stream is a pure function of (shards, seed, epoch, rank, worker), so a resumed
 run that skips, per worker, the positions already trained on continues with exactly the samples
 an uninterrupted run would have seen next (:meth:`VideoQAStream.resume_from`); skipped samples
-are not decoded.
+are not decoded. Positions below that point that were read but not trained on (a batch the
+trainer had fetched ahead while dynamic sampling drew later ones) are named and read again.
 """
 
 from __future__ import annotations
@@ -192,11 +193,15 @@ class VideoQAStream(IterableDataset):
         self.max_prompt_tokens = max_prompt_tokens
         self.max_target_tokens = max_target_tokens
         self.epoch = 0
-        self._resume: tuple[int, dict[int, int]] | None = None
+        self._resume: tuple[int, dict[int, int], dict[int, set[int]]] | None = None
 
-    def resume_from(self, epoch: int, next_positions: dict[int, int]) -> None:
-        """In ``epoch``, let worker ``w`` start at raw position ``next_positions[w]`` (the rest: 0)."""
-        self._resume = (epoch, dict(next_positions))
+    def resume_from(
+        self, epoch: int, next_positions: dict[int, int], reread: dict[int, Sequence[int]] | None = None
+    ) -> None:
+        """In ``epoch``, let worker ``w`` start at raw position ``next_positions[w]`` (the rest: 0),
+        except for the positions ``reread[w]`` below it, which are read again."""
+        again = {worker: set(positions) for worker, positions in (reread or {}).items()}
+        self._resume = (epoch, dict(next_positions), again)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -285,15 +290,15 @@ class VideoQAStream(IterableDataset):
     def __iter__(self) -> Iterator[VideoQASample]:
         worker = get_worker_info()
         worker_id = worker.id if worker else 0
-        skip = 0
+        skip, again = 0, set()
         if self._resume is not None and self._resume[0] == self.epoch:
-            skip = self._resume[1].get(worker_id, 0)
+            skip, again = self._resume[1].get(worker_id, 0), self._resume[2].get(worker_id, set())
         urls = ({"url": shard} for shard in self._my_shards())
         raw_samples: Iterator[dict[str, Any]] = wds.tarfile_to_samples(handler=self._on_tar_error)(urls)
         if self.shuffle and self.shuffle_buffer > 1:
             raw_samples = self._shuffled(raw_samples)
         for position, raw in enumerate(raw_samples):
-            if position < skip:  # trained on before the resume: not decoded again
+            if position < skip and position not in again:  # trained on before the resume: not decoded
                 continue
             sample = self._decode(raw)
             if sample is not None:
@@ -308,6 +313,8 @@ class EpochAwareDataLoader(torch.utils.data.DataLoader):
     epoch of each pass comes from ``epoch_fn`` (called once per pass; by default the passes are
     counted), and ``on_exhausted(epoch)`` is called when a pass has been read to its end, so
     that the datamodule knows, at a checkpoint, whether the epoch it is in was finished.
+    ``on_fetched(batch)`` sees every batch the pass hands out (to the trainer or to
+    :meth:`draw`), when it is handed out.
     """
 
     def __init__(
@@ -316,23 +323,37 @@ class EpochAwareDataLoader(torch.utils.data.DataLoader):
         *,
         epoch_fn: Callable[[], int] | None = None,
         on_exhausted: Callable[[int], None] | None = None,
+        on_fetched: Callable[[Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
         self._epoch_fn = epoch_fn
         self._on_exhausted = on_exhausted
+        self._on_fetched = on_fetched
         self._passes = 0
+        self._live: Iterator[Any] | None = None
 
     def __iter__(self):  # type: ignore[override]
         epoch = int(self._epoch_fn()) if self._epoch_fn is not None else self._passes
         self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
         self._passes += 1
         iterator = super().__iter__()
-        if self._on_exhausted is None:
+        if self._on_exhausted is None and self._on_fetched is None:
             return iterator
-        return self._watched(iterator, epoch)
+        self._live = self._watched(iterator, epoch)
+        return self._live
+
+    def draw(self) -> Any | None:
+        """The next batch of the pass the trainer is reading (the same iterator: what is drawn
+        here, the trainer does not get); None when the pass is read to its end."""
+        if self._live is None:
+            raise RuntimeError("draw() needs a pass under way: iterate the loader first")
+        return next(self._live, None)
 
     def _watched(self, iterator: Iterator[Any], epoch: int) -> Iterator[Any]:
-        yield from iterator
-        assert self._on_exhausted is not None
-        self._on_exhausted(epoch)
+        for batch in iterator:
+            if self._on_fetched is not None:
+                self._on_fetched(batch)
+            yield batch
+        if self._on_exhausted is not None:
+            self._on_exhausted(epoch)

@@ -15,7 +15,7 @@ iterations) belongs to the module.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -30,6 +30,8 @@ from rewards.parsing import follows_format, response_choice
 from rewards.registry import SAMPLE_FIELDS
 from rollout.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.guardrails import rejected_rows
+from rollout.shaping import OverlongShaping, overlong_penalties
 
 if TYPE_CHECKING:  # the consumer protocol's annotations only
     from rollout.base import PolicyHandle, RolloutEngine
@@ -49,20 +51,33 @@ class ExperienceSettings:
     """``grpo`` (mean/std per group), ``dr_grpo`` (mean only) or ``rloo``."""
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal (DAPO's dynamic sampling)."""
+    overlong: OverlongShaping | None = None
+    """DAPO's soft overlong penalty, added to the reward (:mod:`rollout.shaping`); None: none."""
+    mask_truncated: bool = False
+    """Leave completions that ran out of budget out of the loss (DAPO's overlong filtering)."""
 
     def __post_init__(self) -> None:
         problem = settings_problem(self.advantage, self.sampling.n)
         if problem:
             raise ValueError(problem)
+        if self.overlong is not None:
+            self.overlong.check_budget(self.sampling.max_new_tokens)
 
     @property
     def group_size(self) -> int:
         return self.sampling.n
 
-    def sampling_at(self, step: int) -> SamplingConfig:
-        """The sampling of one training step: a step-dependent seed (the same after a resume)."""
-        seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * step
+    def sampling_at(self, step: int, round_index: int = 0) -> SamplingConfig:
+        """The sampling of one training step (and sampling round of that step, when dynamic
+        sampling draws more prompts): a seed of both (the same after a resume)."""
+        if not 0 <= round_index < MAX_SAMPLING_ROUNDS:
+            raise ValueError(f"sampling round {round_index} is outside [0, {MAX_SAMPLING_ROUNDS})")
+        seed = None if self.sampling.seed is None else self.sampling.seed + 1000 * step + 100 * round_index
         return dataclasses.replace(self.sampling, seed=seed)
+
+
+MAX_SAMPLING_ROUNDS = 10
+"""Sampling rounds one step may take (the seeds of a step's rounds are 100 apart, of steps 1000)."""
 
 
 def settings_problem(advantage: str, group_size: int) -> str | None:
@@ -126,8 +141,13 @@ class RolloutBatch:
     zero_variance: torch.Tensor
     """``(rows,)`` bool: the row's group scored all alike."""
     row_mask: torch.Tensor
-    """``(rows,)`` 1.0 for rows that train (0 for groups removed by zero-variance filtering)."""
+    """``(rows,)`` 1.0 for rows that train (0 for groups removed by zero-variance filtering,
+    for completions rejected by the guardrails and, with ``mask_truncated``, for completions that
+    ran out of budget)."""
     group_size: int
+    rejected: torch.Tensor | None = None
+    """``(rows,)`` bool: the completion holds a special token the template forbids
+    (:mod:`rollout.guardrails`); None where nothing was checked."""
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -177,14 +197,18 @@ def collect_rollouts(
     step: int,
     pad_token_id: int,
     length_multiple: int = 1,
+    round_index: int = 0,
+    forbidden_token_ids: Collection[int] = frozenset(),
 ) -> RolloutBatch:
     """Scored rollouts of ``prompts`` (see the module docstring); ``length_multiple`` pads the
-    scoring rows for a sequence-parallel group of that size."""
+    scoring rows for a sequence-parallel group of that size; ``round_index`` is the sampling
+    round within the step (dynamic sampling: :mod:`rollout.refill`); a completion holding one of
+    ``forbidden_token_ids`` does not train (:mod:`rollout.guardrails`)."""
     with torch.no_grad():
         encoded = encode(prompts.pixel_values_videos, prompts.video_grid_thw)
     videos = [layout.encoded_video(embeds) for embeds, layout in zip(encoded, prompts.layouts, strict=True)]
     requests = [RolloutRequest(layout, video) for layout, video in zip(prompts.layouts, videos, strict=True)]
-    sampling = settings.sampling_at(step)
+    sampling = settings.sampling_at(step, round_index)
     results = generate(requests, sampling)
     g = sampling.n
     completions = [c for result in results for c in result.completions]
@@ -194,10 +218,19 @@ def collect_rollouts(
     texts = [c.text for c in completions]
     fields = {name: [prompts.meta[k][name] for k in prompt_of_row] for name in SAMPLE_FIELDS}
     breakdown = compute_rewards(list(settings.rewards), texts, fields)
+    if settings.overlong is not None:
+        lengths = [len(c.token_ids) for c in completions]
+        penalties = overlong_penalties(lengths, sampling.max_new_tokens, settings.overlong)
+        breakdown.per_function["overlong"] = penalties
+        breakdown.total = [t + p for t, p in zip(breakdown.total, penalties, strict=True)]
     rewards = torch.tensor(breakdown.total, dtype=torch.float32)
     advantages = ADVANTAGE_ESTIMATORS[settings.advantage](rewards, g)
     flat = zero_variance_rows(rewards, g)
     row_mask = (~flat).float() if settings.filter_zero_variance else torch.ones_like(rewards)
+    if settings.mask_truncated:
+        row_mask = row_mask * torch.tensor([c.finish_reason != "length" for c in completions]).float()
+    rejected = torch.tensor(rejected_rows(completions, forbidden_token_ids), dtype=torch.bool)
+    row_mask = row_mask * (~rejected).float()
     scoring = ScoringBatch.from_layouts(
         prompts.layouts,
         [c.token_ids for c in completions],
@@ -207,7 +240,17 @@ def collect_rollouts(
     )
     old_logprobs, _ = pad_rows([c.logprobs for c in completions], torch.float32)
     return RolloutBatch(
-        prompts, videos, completions, scoring, old_logprobs, breakdown, advantages, flat, row_mask, g
+        prompts,
+        videos,
+        completions,
+        scoring,
+        old_logprobs,
+        breakdown,
+        advantages,
+        flat,
+        row_mask,
+        g,
+        rejected,
     )
 
 
@@ -232,7 +275,70 @@ def rollout_metrics(rollouts: RolloutBatch) -> dict[str, float]:
     metrics["rollout/response_length_mean"] = float(lengths.mean())
     metrics["rollout/response_length_max"] = float(lengths.max())
     metrics["rollout/zero_variance_group_fraction"] = float(rollouts.zero_variance.float().mean())
+    metrics["rollout/truncated_fraction"] = sum(c.finish_reason == "length" for c in rollouts.completions) / n
+    if rollouts.rejected is not None:
+        metrics["rollout/rejected_special_tokens"] = float(rollouts.rejected.sum())
     return metrics
+
+
+def select_groups(
+    rounds: Sequence[RolloutBatch],
+    picks: Sequence[tuple[int, int]],
+    *,
+    pad_token_id: int,
+    length_multiple: int = 1,
+) -> RolloutBatch:
+    """The groups ``picks`` (``(round, prompt)`` pairs) of several rollout batches as one batch, in
+    that order: each group's prompt, video, completions, rewards, advantages and masks as they
+    were (advantages are group-relative, so a group moves whole), the scoring rows laid out anew."""
+    if not picks:
+        raise ValueError("select_groups needs at least one group")
+    g = rounds[0].group_size
+    if any(r.group_size != g for r in rounds):
+        raise ValueError("every round must have the same group size")
+    layouts, meta, videos, grids, pixels = [], [], [], [], []
+    rows: list[tuple[int, int]] = []  # (round, row) of each selected completion, prompt-major
+    for round_index, k in picks:
+        batch = rounds[round_index]
+        prompts = batch.prompts
+        offsets = [0, *prompts.video_grid_thw.prod(dim=-1).cumsum(0).tolist()]
+        layouts.append(prompts.layouts[k])
+        meta.append(prompts.meta[k])
+        videos.append(batch.videos[k])
+        grids.append(prompts.video_grid_thw[k])
+        pixels.append(prompts.pixel_values_videos[offsets[k] : offsets[k + 1]])
+        rows.extend((round_index, k * g + i) for i in range(g))
+    completions = [rounds[r].completions[i] for r, i in rows]
+    names = rounds[0].rewards.per_function
+    per_function = {name: [rounds[r].rewards.per_function[name][i] for r, i in rows] for name in names}
+    rewards = RewardBreakdown([rounds[r].rewards.total[i] for r, i in rows], per_function)
+
+    def stacked(field: str) -> torch.Tensor:
+        return torch.stack([getattr(rounds[r], field)[i] for r, i in rows])
+
+    prompt_of_row = [k for k in range(len(picks)) for _ in range(g)]
+    scoring = ScoringBatch.from_layouts(
+        layouts,
+        [c.token_ids for c in completions],
+        prompt_of_row,
+        pad_token_id=pad_token_id,
+        length_multiple=length_multiple,
+    )
+    old_logprobs, _ = pad_rows([c.logprobs for c in completions], torch.float32)
+    prompt_batch = PromptBatch(layouts, meta, torch.cat(pixels), torch.stack(grids))
+    return RolloutBatch(
+        prompt_batch,
+        videos,
+        completions,
+        scoring,
+        old_logprobs,
+        rewards,
+        stacked("advantages"),
+        stacked("zero_variance"),
+        stacked("row_mask"),
+        g,
+        stacked("rejected") if all(r.rejected is not None for r in rounds) else None,
+    )
 
 
 def sample_records(rollouts: RolloutBatch, step: int) -> list[dict[str, Any]]:

@@ -23,9 +23,17 @@ from rollout.base import (
     RolloutResult,
     SamplingConfig,
 )
+from rollout.guardrails import banned_token_ids
 
 
-def _sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+def _sample(
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    banned: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if banned is not None and banned.numel():  # never sampled (rollout.guardrails)
+        logits = logits.index_fill(-1, banned.to(logits.device), float("-inf"))
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
@@ -51,6 +59,8 @@ class TransformersEngine(RolloutEngine):
         self.model: torch.nn.Module | None = None
         self.tokenizer: Any = None
         self.stop_ids: set[int] = set()
+        self.banned: torch.Tensor | None = None
+        """Token ids never sampled (:func:`rollout.guardrails.banned_token_ids`)."""
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, tokenizer: Any) -> TransformersEngine:
@@ -66,6 +76,7 @@ class TransformersEngine(RolloutEngine):
             self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
             self.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         }
+        self.banned = torch.tensor(banned_token_ids(policy.model.config, policy.tokenizer), dtype=torch.long)
 
     @torch.no_grad()
     def _generate_one(
@@ -106,8 +117,9 @@ class TransformersEngine(RolloutEngine):
         logits = out.logits[:, -1]
         past = out.past_key_values
         for _ in range(sampling.max_new_tokens):
-            chosen = _sample(logits, sampling, generator)
-            # Log-probs under the model's own distribution (temperature 1), as vLLM reports them.
+            chosen = _sample(logits, sampling, generator, self.banned)
+            # Log-probs under the model's own distribution (temperature 1, nothing banned), as
+            # vLLM reports them.
             chosen_logprobs = (
                 torch.log_softmax(logits.float(), dim=-1).gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
             )

@@ -32,6 +32,7 @@ import torch
 from core.rng import rng_states, set_rng_states
 from models.families import ModelFamily, family_of
 from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.guardrails import banned_token_ids
 from rollout.weight_sync import fused_module_key
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class VLLMEngine(RolloutEngine):
         self.packed_modules: dict[str, list[str]] = {}
         self.asleep: set[str] = set()
         """The sleep tags (``SLEEP_TAGS``) not woken yet."""
+        self.allowed_token_ids: list[int] | None = None
+        """Every token id but the banned ones (:func:`rollout.guardrails.banned_token_ids`)."""
         self.family: ModelFamily | None = None
         """The policy's model family (what vLLM is given beside a cached encoding), set by :meth:`start`."""
 
@@ -134,6 +137,10 @@ class VLLMEngine(RolloutEngine):
             **(self.gpu_args if on_gpu else {}),
         )
         set_rng_states(caller_rng)
+        banned = set(banned_token_ids(policy.model.config, policy.tokenizer))
+        vocabulary = self.llm.llm_engine.model_config.get_vocab_size()
+        # vLLM masks everything else to -inf before sampling, after taking the raw log-probs.
+        self.allowed_token_ids = [i for i in range(vocabulary) if i not in banned] if banned else None
         self.asleep = set()
         self.packed_modules = self._packed_modules()
 
@@ -167,6 +174,7 @@ class VLLMEngine(RolloutEngine):
             max_tokens=sampling.max_new_tokens,
             logprobs=0,
             seed=sampling.seed if self.per_request_seed else None,
+            allowed_token_ids=self.allowed_token_ids,
         )
         prompts = [self._prompt(r) for r in requests]
         if self.per_request_seed or sampling.seed is None or not self._in_process:

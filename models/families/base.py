@@ -66,6 +66,21 @@ class ModelFamily:
     """How a temporal patch's index becomes a position (:mod:`core.positions`)."""
     video_token: ClassVar[str] = "<|video_pad|>"
     """The placeholder the processor repeats once per visual token."""
+    vision_tokens: ClassVar[tuple[str, ...]] = (
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    )
+    """The vision special tokens: only the processor writes them, around and as visual tokens."""
+    vision_token_attributes: ClassVar[tuple[str, ...]] = (
+        "image_token_id",
+        "video_token_id",
+        "vision_start_token_id",
+        "vision_end_token_id",
+    )
+    """The config attributes that name vision token ids."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -74,6 +89,15 @@ class ModelFamily:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.config.model_type})"
+
+    def vision_token_ids(self, tokenizer: Any) -> list[int]:
+        """Ids a completion must never hold: the config's vision token ids and the tokenizer's
+        vision special tokens. A sampled placeholder would make the next pass read the text as a
+        video slot (a Qwen3-VL run crashed so: verl #5817)."""
+        ids = {getattr(self.config, name, None) for name in self.vision_token_attributes}
+        vocabulary = tokenizer.get_vocab()
+        ids |= {vocabulary.get(token) for token in self.vision_tokens}
+        return sorted(int(i) for i in ids if i is not None)
 
     # -- geometry and positions ------------------------------------------------------------------
     @property

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 from helpers.cli import PROBES_ENV, REPO_ROOT, run_lvrl
-from helpers.probed_runs import grpo_config, sft_config
+from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config
 from helpers.runs import steps_of, weights_of
 from helpers.tolerances import assert_identical
 
@@ -212,3 +212,42 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, 
         torch.load(folder / "last.ckpt", map_location="cpu", weights_only=False)["global_step"]
         == saved["global_step"] + 1
     )
+
+
+REFILL_STEPS = 4
+# All 6 shards: 24 samples, an epoch of 12 batches of 2, more than 4 steps of 2 rounds draw.
+REFILL_SHARDS = "train-*.tar"
+
+
+def test_a_grpo_run_with_refill_rounds_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
+    # Dynamic sampling draws batches beyond the one Lightning fetched ahead, so at the step-2
+    # checkpoint that fetched batch is older than the newest one trained: it must be read again
+    # on resume (and nothing drawn must be). The kill falls in step 4; steps 2 to 4 needed two
+    # sampling rounds (step 1 one).
+    whole = tmp_path / "whole"
+    run_lvrl(
+        "fit",
+        "--config",
+        str(refill_grpo_config(tmp_path, whole, synth_dir, tiny_model_dir, REFILL_STEPS, REFILL_SHARDS)),
+    )
+    expected = steps_of(whole)
+    assert [expected[s]["rounds"] for s in range(1, 5)] == [1, 2, 2, 2]
+    killed = tmp_path / "killed"
+    config = refill_grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, REFILL_STEPS, REFILL_SHARDS)
+    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
+    saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 2
+    stream = next(v for k, v in saved.items() if k.endswith("DataModule"))["ranks"][0]
+    assert stream["read_again"], "the batch fetched ahead at the checkpoint was not older than a drawn one"
+    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
+
+    got = steps_of(killed)
+    assert sorted(got) == sorted(expected) == list(range(1, REFILL_STEPS + 1))
+    for step in expected:
+        for field in ("keys", "trained_keys", "rounds"):
+            assert got[step][field] == expected[step][field], f"step {step} {field}"
+        for field in ("rollout_logprob_sum", "loss", "reward"):
+            assert_identical(got[step][field], expected[step][field], reason=f"refill step {step} {field}")
+    ours, theirs = weights_of(killed), weights_of(whole)
+    for name in theirs:
+        assert_identical(ours[name], theirs[name], reason=f"refill {name} weights, resumed")

@@ -92,3 +92,24 @@ def grpo_config(
     path = tmp_path / f"{run_dir.name}-grpo.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def refill_grpo_config(
+    tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path, max_steps: int, train_shards: str
+) -> Path:
+    """:func:`grpo_config` with dynamic sampling (at most 2 rounds a step) and the reward
+    ``probe_half_flat`` (:mod:`helpers.resume_probe`): about half the prompts' groups carry no
+    signal, so most steps draw a second batch; the real advantages train."""
+    path = grpo_config(tmp_path, run_dir, synth_dir, model_dir, max_steps, train_shards)
+    config = yaml.safe_load(path.read_text())
+    callbacks = config["trainer"]["callbacks"]
+    callbacks[0]["init_args"].update(
+        dynamic_sampling={"max_rounds": 2},
+        # This salt makes step 1 of the synthetic shards' stream need one round, steps 2-4 two.
+        rewards=[{"name": "probe_half_flat", "weight": 1.0, "kwargs": {"salt": "7"}}],
+    )
+    config["trainer"]["callbacks"] = [
+        c for c in callbacks if not c["class_path"].endswith("SeededAdvantages")
+    ]
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -3,17 +3,40 @@
 Loaded by configs as ``helpers.resume_probe.StepRecorder`` (``PYTHONPATH=tests`` in
 subprocesses). Appends one JSON line per step to ``{out}`` (flushed and synced at once, so a
 run killed mid-step has recorded every finished step): ``{"step", "keys", "stream", "epoch",
-"loss", "reward"}`` (``stream``: each sample's (epoch, worker, position) in the data stream).
+"loss", "reward", "trained_keys", "rounds"}`` (``stream``: each sample's (epoch, worker, position)
+in the data stream; ``trained_keys``: the prompts the GRPO step trained on, which dynamic
+sampling may have drawn after the batch; ``rounds``: its sampling rounds).
+
+Also registers the reward ``probe_half_flat`` for runs whose steps need several sampling rounds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import torch
+
+from rewards.registry import register
+
+
+@register("probe_half_flat")
+def half_flat_reward(completions: Sequence[str], key: Sequence[str], salt: str = "", **_: Any) -> list[float]:
+    """0 for every completion of a prompt whose salted key hashes even (a group without signal);
+    else a hash of the completion's text in [0, 1] (a group with signal, for any model)."""
+
+    def flat(k: str) -> bool:
+        return hashlib.sha256(f"{salt}{k}".encode()).digest()[0] % 2 == 0
+
+    return [
+        0.0 if flat(k) else (zlib.crc32(text.encode()) % 7) / 6
+        for text, k in zip(completions, key, strict=True)
+    ]
 
 
 class StepRecorder(L.Callback):
@@ -22,6 +45,7 @@ class StepRecorder(L.Callback):
         self._keys: list[str] = []
         self._stream: list[list[int]] = []
         self._rollout: float | None = None
+        self._trained_keys: list[str] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._keys = [m["key"] for m in batch["meta"]]
@@ -29,6 +53,7 @@ class StepRecorder(L.Callback):
         rollout = getattr(pl_module, "pending_rollouts", None)  # GRPO, after the rollout callback
         # The engine's log-probs of the sampled tokens: equal only if the same tokens were sampled.
         self._rollout = None if rollout is None else float(rollout.old_logprobs.double().sum())
+        self._trained_keys = self._keys if rollout is None else [m["key"] for m in rollout.prompts.meta]
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -36,6 +61,7 @@ class StepRecorder(L.Callback):
         metrics = trainer.callback_metrics
         loss = metrics.get("train/loss")  # both modules log it every step
         reward = metrics.get("reward/total_mean")
+        rounds = metrics.get("sampling/rounds")
         record = {
             "step": trainer.global_step,
             "keys": self._keys,
@@ -44,6 +70,8 @@ class StepRecorder(L.Callback):
             "loss": float(loss) if isinstance(loss, torch.Tensor | float) else None,
             "reward": float(reward) if reward is not None else None,
             "rollout_logprob_sum": self._rollout,
+            "trained_keys": self._trained_keys,
+            "rounds": int(rounds) if rounds is not None else None,
         }
         # One file per rank (ranks train on different samples): steps.jsonl, steps.jsonl.rank1, ...
         out = self.out if trainer.global_rank == 0 else f"{self.out}.rank{trainer.global_rank}"
