@@ -179,11 +179,21 @@ class GRPOModule(VLMModule):
         """Refuse experience settings this module cannot learn from; warn about wasteful ones."""
         problems = []
         if engine.dtype is not None and engine.dtype != self.compute_dtype:
-            problems.append(
-                f"the engine samples in {engine.dtype} but the policy scores in {self.compute_dtype}: the "
-                "importance ratio would carry the rounding gap between the two; set the engine's dtype "
-                "to the model's (or the model's to the engine's)"
-            )
+            if self.correction is None:
+                problems.append(
+                    f"the engine samples in {engine.dtype} but the policy scores in {self.compute_dtype}: "
+                    "the importance ratio would carry the rounding gap between the two; set the engine's "
+                    "dtype to the model's (or the model's to the engine's), or correct for the gap with "
+                    "model.init_args.rollout_correction (e.g. {mode: truncate, level: token})"
+                )
+            else:
+                log.info(
+                    "the engine samples in %s, the policy scores in %s: rollout_correction (%s) weights "
+                    "the gap out; watch correction/weight_mean and rollout/logprob_diff_mean",
+                    engine.dtype,
+                    self.compute_dtype,
+                    self.correction,
+                )
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")

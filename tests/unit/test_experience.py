@@ -148,5 +148,10 @@ def test_settings_that_cannot_work_are_refused_at_once(tiny_model_dir: Path) -> 
     module = GRPOModule(str(tiny_model_dir), dtype="float32")
     module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="float32"))
     module.check_experience(ExperienceSettings(SamplingConfig(n=2)), TransformersEngine())
-    with pytest.raises(ValueError, match="samples in bfloat16 but the policy scores in float32"):
+    with pytest.raises(
+        ValueError, match=r"samples in bfloat16 but the policy scores in float32(.|\n)*rollout_correction"
+    ):
         module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="bfloat16"))
+    # Rollout correction is what makes a lower-precision engine usable.
+    corrected = GRPOModule(str(tiny_model_dir), dtype="float32", rollout_correction={"mode": "truncate"})
+    corrected.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="bfloat16"))

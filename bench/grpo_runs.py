@@ -1,0 +1,88 @@
+"""Variants of the demo's GRPO run, side by side over seeds: what ``bench/mismatch.py`` and
+``bench/agreement.py`` share (a config per run, the run as an ``lvrl`` subprocess, its CSV
+metrics, a mean ± spread over seeds).
+
+A run whose folder holds ``done`` is not run again, so an interrupted comparison continues
+where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
+
+
+def demo_grpo_config(run_dir: Path, sft: str, data: str, seed: int, steps: int) -> dict[str, Any]:
+    """The demo's GRPO config for one run: CSV metrics in ``run_dir``, its seed for the data order
+    and the rollouts, no validation during training."""
+    config = yaml.safe_load(DEMO_GRPO.read_text())
+    config["seed_everything"] = seed
+    trainer = config["trainer"]
+    trainer.update(default_root_dir=str(run_dir), max_steps=steps, limit_val_batches=0)
+    logger = {"save_dir": str(run_dir), "name": "csv", "version": 0}
+    trainer["logger"] = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}]
+    rollout_callback(config)["init_args"]["seed"] = seed
+    config["model"]["init_args"]["model_path"] = sft
+    config["data"]["init_args"].update(train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar")
+    return config
+
+
+def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's ``RolloutCallback`` entry (to change its ``init_args``)."""
+    return next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback"))
+
+
+def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log") -> None:
+    """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / log_name).open("w") as log:
+        command = [sys.executable, "-m", "app", *arguments]
+        subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None] | None = None) -> Path:
+    """Train ``config`` in ``run_dir`` unless done before (then ``then(run_dir)``, e.g. an
+    evaluation); returns the run's ``metrics.csv``."""
+    if not (run_dir / "done").exists():
+        print(f"running {run_dir.name} ...", flush=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
+        run_lvrl(run_dir, ["fit", "--config", str(run_dir / "config.yaml")])
+        if then is not None:
+            then(run_dir)
+        (run_dir / "done").touch()
+    return run_dir / "csv" / "version_0" / "metrics.csv"
+
+
+def column(metrics: Path, name: str) -> list[float]:
+    """Every logged value of ``name`` in a CSV metrics file, in step order."""
+    with metrics.open() as f:
+        return [float(row[name]) for row in csv.DictReader(f) if row.get(name)]
+
+
+def mean_and_spread(values: list[float], digits: int = 3) -> str:
+    """``mean ± sample standard deviation`` over seeds (``-`` for none)."""
+    values = [v for v in values if v == v]  # NaN: not logged in that run
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
+
+
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
