@@ -482,10 +482,20 @@ class GRPOModule(VLMModule):
         scoring: ScoringBatch,
         entropy: torch.Tensor,
     ) -> dict[str, torch.Tensor]:
-        frames = [rollout.prompts.meta[rollout.scoring.prompt_of_row[row]]["num_frames"] for row in rows]
+        frames = [self._frames_of_prompt(rollout, rollout.scoring.prompt_of_row[row]) for row in rows]
         return gap_statistics(
             logprobs.detach(), engine, scoring.completion_mask, entropy, frames, self.frame_buckets
         )
+
+    def _frames_of_prompt(self, rollout: RolloutBatch, prompt: int) -> int:
+        """The frames of a prompt's video: as decoded (the collator's ``num_frames``), or, for
+        rollouts built without that field, as the model sees them (temporal patches x frames per
+        patch; 0 without video)."""
+        decoded = rollout.prompts.meta[prompt].get("num_frames")
+        if decoded is not None:
+            return int(decoded)
+        grid = rollout.prompts.layouts[prompt].video_grid_thw
+        return 0 if grid is None else int(grid[0]) * self.family.temporal_patch_size
 
     def _score(
         self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor | None]

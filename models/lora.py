@@ -22,7 +22,6 @@ What LoRA changes elsewhere, and where:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from core.settings import settings_block
 from models.vision import decoder_blocks, vision_tower
 from rollout.weight_sync import hf_name, lora_layers, merged_lora_weight
 
@@ -83,13 +83,7 @@ class LoraSettings:
     @classmethod
     def of(cls, value: LoraSettings | Mapping[str, Any] | None) -> LoraSettings | None:
         """The settings of a YAML ``lora:`` block (None: no LoRA, full fine-tuning)."""
-        if value is None or isinstance(value, LoraSettings):
-            return value
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"lora: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**value)
+        return settings_block(cls, value, "lora")
 
     @property
     def scaling(self) -> float:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from core.settings import settings_block
 from rollout.experience import MAX_SAMPLING_ROUNDS, PromptBatch, RolloutBatch, select_groups
 
 
@@ -54,13 +55,7 @@ class DynamicSampling:
 
     @classmethod
     def of(cls, value: DynamicSampling | Mapping[str, Any] | None) -> DynamicSampling | None:
-        if value is None or isinstance(value, DynamicSampling):
-            return value
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"dynamic_sampling: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**value)
+        return settings_block(cls, value, "dynamic_sampling")
 
 
 @dataclass

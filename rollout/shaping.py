@@ -21,10 +21,11 @@ Learning System at Scale", section 3.4) offers two remedies, both here:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from core.settings import settings_block
 
 
 @dataclass(frozen=True)
@@ -47,13 +48,7 @@ class OverlongShaping:
 
     @classmethod
     def of(cls, value: OverlongShaping | Mapping[str, Any] | None) -> OverlongShaping | None:
-        if value is None or isinstance(value, OverlongShaping):
-            return value
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"overlong: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**value)
+        return settings_block(cls, value, "overlong")
 
     def check_budget(self, max_new_tokens: int) -> None:
         if self.buffer >= max_new_tokens:

@@ -40,7 +40,6 @@ off, pi_old is the engine's mu, as in the paper's release.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -48,6 +47,7 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from core.settings import settings_block
 from models.rl.losses import LOG_RATIO_LIMIT
 
 CorrectionMode = Literal["truncate", "mask"]
@@ -101,13 +101,7 @@ class RolloutCorrection:
     def of(cls, value: RolloutCorrection | Mapping[str, Any] | None) -> RolloutCorrection | None:
         """The settings of a YAML ``rollout_correction:`` block (None: no correction, the engine's
         log-probs are the old policy)."""
-        if value is None or isinstance(value, RolloutCorrection):
-            return value
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"rollout_correction: unknown settings {unknown}; known: {sorted(known)}")
-        return cls(**value)
+        return settings_block(cls, value, "rollout_correction")
 
 
 def log_importance_weights(
