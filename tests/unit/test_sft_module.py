@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
+from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoConfig, AutoProcessor
 
 from datamodules.collate import VideoQACollator
@@ -114,8 +114,11 @@ def test_sft_forward_scores_like_the_rl_scorer(tiny_model_dir: Path, batch: dict
 
 def test_the_loss_computes_logits_only_where_labels_are_predicted(tiny_model_dir: Path, batch: dict) -> None:
     """Logits from the position before the first label on (a long prompt's would dominate
-    memory), and the same loss as from every position's logits, to the bit: the kept positions'
-    logits are the same products of the same hidden states."""
+    memory), and the same loss as from every position's logits. The kept positions' logits are
+    products of the same hidden states, but a matrix product over fewer rows may be blocked
+    differently by the BLAS (by CPU model, and seen once under load): equal within the forward
+    bar of the loss's scale, measured 9.5e-7 (2 ulps of the loss) where not identical; logits
+    of a wrong position would differ by far more."""
     module = SFTModule(str(tiny_model_dir))
     module.configure_model()
     first_label = int((batch["labels"] != -100).any(dim=0).nonzero()[0])
@@ -124,4 +127,9 @@ def test_the_loss_computes_logits_only_where_labels_are_predicted(tiny_model_dir
     every_position = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), batch["labels"][:, 1:].reshape(-1)
     )
-    assert_identical(module.token_mean_loss(batch), every_position, reason="kept logits vs every position's")
+    assert_float32_close(
+        module.token_mean_loss(batch),
+        every_position,
+        ulps=FORWARD_ULPS,
+        reason="kept logits vs every position's",
+    )
