@@ -8,19 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoProcessor
 
-from datamodules.collate import VideoQACollator
-from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream
-from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.vision import encode_videos
 from rewards.combine import RewardSpec
 from rollout.base import Completion, PolicyHandle, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.experience import ExperienceSettings, PromptBatch, collect_rollouts, rollout_metrics
+from rollout.experience import ExperienceSettings, collect_rollouts, rollout_metrics
 from rollout.guardrails import banned_token_ids, forbidden_completion_ids
 from rollout.hf_engine import TransformersEngine
 from rollout.vllm_engine import VLLMEngine
@@ -63,17 +60,10 @@ def biased_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: P
     return out
 
 
-def video_prompts(model_dir: Path, synth_dir: Path, model: torch.nn.Module) -> PromptBatch:
-    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=4, max_pixels=56 * 56)
-    samples = [s for _, s in zip(range(2), stream, strict=False)]
-    collator = VideoQACollator(AutoProcessor.from_pretrained(model_dir), family=family_of(model.config))
-    return PromptBatch.of(collator(samples))
-
-
 def test_the_biased_model_would_emit_the_placeholder(biased_model_dir: Path, synth_dir: Path) -> None:
     model = load_model(biased_model_dir).eval()
     tokenizer = AutoProcessor.from_pretrained(biased_model_dir).tokenizer
-    prompts = video_prompts(biased_model_dir, synth_dir, model)
+    prompts = prompt_batch(biased_model_dir, synth_dir, num_frames=4)
     video_pad = tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert video_pad in banned_token_ids(model.config, tokenizer)
     with torch.no_grad():
@@ -95,7 +85,7 @@ def test_no_engine_samples_a_vision_token_and_the_log_probs_stay_raw(
 ) -> None:
     model = load_model(biased_model_dir).eval()
     tokenizer = AutoProcessor.from_pretrained(biased_model_dir).tokenizer
-    prompts = video_prompts(biased_model_dir, synth_dir, model)
+    prompts = prompt_batch(biased_model_dir, synth_dir, num_frames=4)
     banned = set(banned_token_ids(model.config, tokenizer))
     engine = TransformersEngine() if engine_name == "transformers" else VLLMEngine(max_model_len=1024)
     engine.start(PolicyHandle(str(biased_model_dir), model, tokenizer))
@@ -153,7 +143,7 @@ def test_a_completion_with_a_forbidden_special_token_is_rejected_and_counted(
 ) -> None:
     model = load_model(tiny_model_dir).eval()
     tokenizer = AutoProcessor.from_pretrained(tiny_model_dir).tokenizer
-    prompts = video_prompts(tiny_model_dir, synth_dir, model)
+    prompts = prompt_batch(tiny_model_dir, synth_dir, num_frames=4)
     ids = tokenizer.convert_tokens_to_ids
     im_start, im_end, video_pad = ids("<|im_start|>"), ids("<|im_end|>"), ids("<|video_pad|>")
     forbidden = forbidden_completion_ids(tokenizer)

@@ -1,11 +1,11 @@
-"""Real video rows in the rollout layout, for tests of completion scoring."""
+"""Real video prompts and rows in the rollout layout, for tests of rollouts and completion scoring."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-from transformers import AutoProcessor
+from transformers import AutoConfig, AutoProcessor
 
 from core.layout import ScoringBatch
 from datamodules.collate import VideoQACollator
@@ -14,6 +14,26 @@ from datamodules.stream import VideoQAStream
 from models.families import family_of
 from models.loading import load_model
 from models.vision import encode_videos
+from rollout.experience import PromptBatch
+
+
+def prompt_batch(
+    model_dir: Path,
+    synth_dir: Path,
+    *,
+    count: int = 2,
+    start: int = 0,
+    num_frames: int = 8,
+    split: str = "val",
+) -> PromptBatch:
+    """Samples ``start`` to ``start + count`` of a synthetic split, collated as rollout prompts
+    for ``model_dir``."""
+    stream = VideoQAStream(
+        resolve_shards(str(synth_dir / f"{split}-*.tar")), num_frames=num_frames, max_pixels=56 * 56
+    )
+    samples = [s for _, s in zip(range(start + count), stream, strict=False)][start:]
+    family = family_of(AutoConfig.from_pretrained(model_dir))
+    return PromptBatch.of(VideoQACollator(AutoProcessor.from_pretrained(model_dir), family=family)(samples))
 
 
 def video_scoring_rows(

@@ -13,13 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import assert_identical
-from transformers import AutoConfig, AutoProcessor
 
-from datamodules.collate import VideoQACollator
-from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream
-from models.families import family_of
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
@@ -35,16 +31,15 @@ FLAT, MIXED = [BAD] * G, [GOOD, BAD, GOOD]
 @pytest.fixture(scope="module")
 def prompt_batches(tiny_model_dir: Path, synth_dir: Path) -> list[PromptBatch]:
     """Four batches of 2 prompts from the synthetic shards (8 different samples)."""
-    stream = VideoQAStream(resolve_shards(str(synth_dir / "train-*.tar")), num_frames=4, max_pixels=56 * 56)
-    samples = [s for _, s in zip(range(8), stream, strict=False)]
-    family = family_of(AutoConfig.from_pretrained(tiny_model_dir))
-    collator = VideoQACollator(AutoProcessor.from_pretrained(tiny_model_dir), family=family)
-    return [PromptBatch.of(collator(samples[i : i + 2])) for i in range(0, 8, 2)]
+    return [
+        prompt_batch(tiny_model_dir, synth_dir, count=2, start=i, num_frames=4, split="train")
+        for i in range(0, 8, 2)
+    ]
 
 
 class ScriptedEngine:
-    """Returns, call after call, the texts written for each request (2 tokens per character
-    class: a text's length in tokens is set by ``lengths``), and records the seeds it was given."""
+    """Returns, call after call, the texts written for each request (the i-th completion of a
+    group has i + 1 tokens, each with log-prob -0.5), and records the seeds it was given."""
 
     def __init__(self, script: Sequence[Sequence[Sequence[str]]], finish: str = "stop") -> None:
         self.script = list(script)

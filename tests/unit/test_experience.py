@@ -8,37 +8,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoProcessor
 
 from core.failures import RolloutFailed
 from core.layout import pad_rows
-from datamodules.collate import VideoQACollator
-from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream
-from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.vision import encode_videos
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import PolicyHandle, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.experience import ExperienceSettings, PromptBatch, collect_rollouts, settings_problem
+from rollout.experience import ExperienceSettings, collect_rollouts, settings_problem
 from rollout.hf_engine import TransformersEngine
 from rollout.supervision import EngineSupervisor
-
-
-def prompt_batch(model_dir: Path, synth_dir: Path, model: torch.nn.Module) -> PromptBatch:
-    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
-    samples = [s for _, s in zip(range(2), stream, strict=False)]
-    collator = VideoQACollator(AutoProcessor.from_pretrained(model_dir), family=family_of(model.config))
-    return PromptBatch.of(collator(samples))
 
 
 def test_collect_rollouts_lays_out_what_the_engine_sampled(tiny_model_dir: Path, synth_dir: Path) -> None:
     model = load_model(tiny_model_dir).eval()
     tokenizer = AutoProcessor.from_pretrained(tiny_model_dir).tokenizer
-    prompts = prompt_batch(tiny_model_dir, synth_dir, model)
+    prompts = prompt_batch(tiny_model_dir, synth_dir)
     engine = TransformersEngine.for_model(model, tokenizer)
     settings = ExperienceSettings(
         SamplingConfig(n=3, temperature=1.0, max_new_tokens=6, seed=4), (RewardSpec("format", 1.0),)
