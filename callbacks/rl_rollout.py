@@ -44,7 +44,6 @@ from rollout.experience import (
     collect_rollouts,
     rollout_metrics,
     sample_records,
-    select_groups,
 )
 from rollout.guardrails import forbidden_completion_ids
 from rollout.refill import DynamicSampling, RefillReport, sample_until_informative
@@ -240,7 +239,8 @@ class RolloutCallback(Callback):
         # Awake: started so, or woken for the last weight sync.
         report: RefillReport | None = None
         if self.dynamic_sampling is None:
-            rollouts = sampled = collect(PromptBatch.of(batch), 0)
+            rollouts = collect(PromptBatch.of(batch), 0)
+            rounds = [rollouts]
         else:
             rollouts, rounds, report = sample_until_informative(
                 PromptBatch.of(batch),
@@ -251,20 +251,12 @@ class RolloutCallback(Callback):
                 pad_token_id=pad_token_id,
                 length_multiple=length_multiple,
             )
-            # Statistics and samples of everything sampled, not only the groups that train.
-            every_group = [
-                (r, k) for r, sampled_round in enumerate(rounds) for k in range(len(sampled_round.prompts))
-            ]
-            sampled = (
-                select_groups(rounds, every_group, pad_token_id=pad_token_id)
-                if len(rounds) > 1
-                else rounds[0]
-            )
         self.engine.sleep()  # the trainer gets the device until the weight sync
         pl_module.receive_rollouts(rollouts)
-        self._log(pl_module, sampled, time.perf_counter() - started, report)
+        # Statistics and samples of everything sampled, not only the groups that train.
+        self._log(pl_module, rounds, time.perf_counter() - started, report)
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
-            self._write_samples(trainer, sampled)
+            self._write_samples(trainer, rounds)
         self._train_started = time.perf_counter()
 
     @staticmethod
@@ -281,12 +273,12 @@ class RolloutCallback(Callback):
     def _log(
         self,
         pl_module: L.LightningModule,
-        rollouts: RolloutBatch,
+        rounds: list[RolloutBatch],
         rollout_time: float,
         report: RefillReport | None = None,
     ) -> None:
-        n = len(rollouts)
-        metrics = rollout_metrics(rollouts)
+        n = sum(len(r) for r in rounds)
+        metrics = rollout_metrics(*rounds)
         if report is not None:
             metrics.update(report.metrics())
         metrics["rollout/engine_restarts"] = float(self.engine_restarts)
@@ -294,10 +286,10 @@ class RolloutCallback(Callback):
         for name, value in metrics.items():
             pl_module.log(name, value, prog_bar=name in PROGRESS_BAR_METRICS, batch_size=n)
 
-    def _write_samples(self, trainer: L.Trainer, rollouts: RolloutBatch) -> None:
+    def _write_samples(self, trainer: L.Trainer, rounds: list[RolloutBatch]) -> None:
         if not trainer.is_global_zero:
             return
-        rows = sample_records(rollouts, trainer.global_step)
+        rows = [row for rollouts in rounds for row in sample_records(rollouts, trainer.global_step)]
         path = Path(trainer.default_root_dir) / "rollout_samples.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:

@@ -254,16 +254,19 @@ def collect_rollouts(
     )
 
 
-def rollout_metrics(rollouts: RolloutBatch) -> dict[str, float]:
-    """What a rollout batch looked like: rewards per function, accuracy, format, lengths, flat groups."""
+def rollout_metrics(*batches: RolloutBatch) -> dict[str, float]:
+    """What the sampled rollouts looked like (several batches: a step's sampling rounds, taken
+    together): rewards per function, accuracy, format, lengths, flat groups, truncated and
+    rejected completions."""
+    completions = [c for batch in batches for c in batch.completions]
+    meta = [batch.prompts.meta[k] for batch in batches for k in batch.scoring.prompt_of_row]
     metrics: dict[str, float] = {}
-    for name, values in rollouts.rewards.per_function.items():
-        tensor = torch.tensor(values)
+    for name in batches[0].rewards.per_function:
+        tensor = torch.tensor([v for batch in batches for v in batch.rewards.per_function[name]])
         metrics[f"reward/{name}_mean"] = float(tensor.mean())
         metrics[f"reward/{name}_std"] = float(tensor.std(unbiased=False))
-    metrics["reward/total_mean"] = float(torch.tensor(rollouts.rewards.total).mean())
-    texts = [c.text for c in rollouts.completions]
-    meta = [rollouts.prompts.meta[k] for k in rollouts.scoring.prompt_of_row]
+    metrics["reward/total_mean"] = float(torch.tensor([v for b in batches for v in b.rewards.total]).mean())
+    texts = [c.text for c in completions]
     correct = [
         float(response_choice(t, len(m["options"]) or 4, m["options"]) == m["answer"])
         for t, m in zip(texts, meta, strict=True)
@@ -271,13 +274,14 @@ def rollout_metrics(rollouts: RolloutBatch) -> dict[str, float]:
     n = len(texts)
     metrics["rollout/accuracy"] = sum(correct) / n
     metrics["rollout/format_rate"] = sum(follows_format(t) for t in texts) / n
-    lengths = torch.tensor([len(c.token_ids) for c in rollouts.completions], dtype=torch.float32)
+    lengths = torch.tensor([len(c.token_ids) for c in completions], dtype=torch.float32)
     metrics["rollout/response_length_mean"] = float(lengths.mean())
     metrics["rollout/response_length_max"] = float(lengths.max())
-    metrics["rollout/zero_variance_group_fraction"] = float(rollouts.zero_variance.float().mean())
-    metrics["rollout/truncated_fraction"] = sum(c.finish_reason == "length" for c in rollouts.completions) / n
-    if rollouts.rejected is not None:
-        metrics["rollout/rejected_special_tokens"] = float(rollouts.rejected.sum())
+    flat = torch.cat([batch.zero_variance for batch in batches])
+    metrics["rollout/zero_variance_group_fraction"] = float(flat.float().mean())
+    metrics["rollout/truncated_fraction"] = sum(c.finish_reason == "length" for c in completions) / n
+    if all(batch.rejected is not None for batch in batches):
+        metrics["rollout/rejected_special_tokens"] = float(sum(int(b.rejected.sum()) for b in batches))  # type: ignore[union-attr]
     return metrics
 
 

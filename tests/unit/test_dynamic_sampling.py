@@ -19,7 +19,13 @@ from helpers.tolerances import assert_identical
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.experience import ExperienceSettings, PromptBatch, RolloutBatch, collect_rollouts
+from rollout.experience import (
+    ExperienceSettings,
+    PromptBatch,
+    RolloutBatch,
+    collect_rollouts,
+    rollout_metrics,
+)
 from rollout.refill import DynamicSampling, sample_until_informative
 from rollout.shaping import OverlongShaping, overlong_penalties
 
@@ -114,6 +120,11 @@ def test_a_second_round_fills_the_step_with_informative_groups_in_sampling_order
         "sampling/kept_groups": 2.0,
         "sampling/short_steps": 0.0,
     }
+    # The step's statistics are those of everything sampled: 12 completions, 4 well formed, half flat.
+    metrics = rollout_metrics(*rounds)
+    assert metrics["reward/format_mean"] == pytest.approx(4 / 12, abs=1e-7)
+    assert metrics["rollout/zero_variance_group_fraction"] == 0.5
+    assert metrics["rollout/rejected_special_tokens"] == 0.0
     # Each group moves whole, with the rewards, advantages and engine log-probs it was scored with.
     mixed = torch.tensor([1.0, 0.0, 1.0])
     assert training.rewards.total == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
