@@ -23,7 +23,7 @@ from rollout.base import (
     RolloutResult,
     SamplingConfig,
 )
-from rollout.guardrails import banned_token_ids
+from rollout.guardrails import STOP_TOKENS, banned_token_ids
 
 
 def _sample(
@@ -72,10 +72,7 @@ class TransformersEngine(RolloutEngine):
     def start(self, policy: PolicyHandle) -> None:
         self.model = policy.model
         self.tokenizer = policy.tokenizer
-        self.stop_ids = {
-            self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
-            self.tokenizer.convert_tokens_to_ids("<|endoftext|>"),
-        }
+        self.stop_ids = {self.tokenizer.convert_tokens_to_ids(token) for token in STOP_TOKENS}
         self.banned = torch.tensor(banned_token_ids(policy.model.config, policy.tokenizer), dtype=torch.long)
 
     @torch.no_grad()
