@@ -68,9 +68,11 @@ def main() -> None:
     out = Path(args.out)
     start = held_out(evaluate(args.sft, out / "sft-eval", args.data))
     rows = [["SFT start", f"{start[0]:.3f}", f"{start[1]:.3f}", ""]]
-    for setting in ("outcome", "outcome+agreement"):
-        scores = []
-        for seed in args.seeds:
+    settings = ("outcome", "outcome+agreement")
+    scores: dict[str, list[tuple[float, float]]] = {setting: [] for setting in settings}
+    # Seed by seed, both settings: a run cut short still leaves paired results.
+    for seed in args.seeds:
+        for setting in settings:
             run_dir = out / f"{setting}-seed{seed}"
             config = demo_grpo_config(run_dir, args.sft, args.data, seed, args.steps)
             if setting == "outcome+agreement":
@@ -78,13 +80,14 @@ def main() -> None:
                 rewards.append({"name": "reasoning_agreement", "weight": args.weight})
                 rollout_callback(config)["init_args"]["rewards"] = rewards
             fit_once(run_dir, config, then=lambda d: evaluate(d / "hf", d / "eval", args.data))
-            scores.append(held_out(evaluate(run_dir / "hf", run_dir / "eval", args.data)))
-        per_seed = ", ".join(f"{a:.3f}/{g:.3f}" for a, g in scores)
+            scores[setting].append(held_out(evaluate(run_dir / "hf", run_dir / "eval", args.data)))
+    for setting in settings:
+        per_seed = ", ".join(f"{a:.3f}/{g:.3f}" for a, g in scores[setting])
         rows.append(
             [
                 setting,
-                mean_and_spread([a for a, _ in scores]),
-                mean_and_spread([g for _, g in scores]),
+                mean_and_spread([a for a, _ in scores[setting]]),
+                mean_and_spread([g for _, g in scores[setting]]),
                 per_seed,
             ]
         )
