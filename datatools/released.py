@@ -182,7 +182,7 @@ def split_embedded_options(problem: str) -> tuple[str, tuple[str, ...]]:
     return found
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     """What a JSON value is, for a message (never the value itself: it may be huge)."""
     if value is None:
         return "null or nothing"
@@ -198,7 +198,7 @@ def _field(obj: dict[str, Any], name: str) -> str:
     if name == "videos" and isinstance(value, list) and len(value) == 1:
         value = value[0]  # some exports wrap the one video in a list
     if not isinstance(value, str) or not value.strip():
-        raise RowRejected(MALFORMED, f"field {name!r} must be a non-empty string, got {_kind(value)}")
+        raise RowRejected(MALFORMED, f"field {name!r} must be a non-empty string, got {kind_of(value)}")
     return value.strip()
 
 
@@ -208,16 +208,17 @@ def _given_options(obj: dict[str, Any]) -> tuple[str, ...] | None:
     if given is None or given == []:
         return None
     if not isinstance(given, list):
-        raise RowRejected(MALFORMED, f"field 'options' must be a list of strings, got {_kind(given)}")
+        raise RowRejected(MALFORMED, f"field 'options' must be a list of strings, got {kind_of(given)}")
     for i, option in enumerate(given):
         if not isinstance(option, str) or not option.strip():
-            raise RowRejected(MALFORMED, f"option {i} must be a non-empty string, got {_kind(option)}")
+            raise RowRejected(MALFORMED, f"option {i} must be a non-empty string, got {kind_of(option)}")
     if len(given) > len(OPTION_LETTERS):
         raise RowRejected(TOO_LONG, f"{len(given)} options; at most {len(OPTION_LETTERS)} (A-J)")
     return tuple(o.strip() for o in given)
 
 
-def _check_lengths(row: QARow, limits: TextLimits) -> None:
+def check_lengths(row: QARow, limits: TextLimits) -> None:
+    """Raise :class:`RowRejected` (``too_long``) if a text of ``row`` is longer than ``limits`` allow."""
     texts = [
         ("problem_id", row.problem_id, limits.id_chars),
         ("videos", row.video, limits.id_chars),
@@ -240,7 +241,7 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
     """
     limits = limits or TextLimits()
     if not isinstance(obj, dict):
-        raise RowRejected(MALFORMED, f"a row must be a JSON object, got {_kind(obj)}")
+        raise RowRejected(MALFORMED, f"a row must be a JSON object, got {kind_of(obj)}")
     problem_id = _field(obj, "problem_id")
     video = _field(obj, "videos")
     problem = _field(obj, "problem")
@@ -251,13 +252,13 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
         )
     data_type = obj.get("data_type", "video")
     if not isinstance(data_type, str):
-        raise RowRejected(MALFORMED, f"field 'data_type' must be a string, got {_kind(data_type)}")
+        raise RowRejected(MALFORMED, f"field 'data_type' must be a string, got {kind_of(data_type)}")
     if data_type != "video":
         raise RowRejected(NOT_VIDEO, f"data_type is {data_type[:60]!r}, not 'video'")
     raw_answer = obj.get("answer")
     if raw_answer is not None and not isinstance(raw_answer, str):
         # A bare number is not taken as its decimal text: the release writes "<answer>3</answer>".
-        raise RowRejected(MALFORMED, f"field 'answer' must be a string, got {_kind(raw_answer)}")
+        raise RowRejected(MALFORMED, f"field 'answer' must be a string, got {kind_of(raw_answer)}")
     if raw_answer is None or not raw_answer.strip():
         raise RowRejected(NO_ANSWER, "no answer")
     tagged = answer_blocks(raw_answer)
@@ -270,7 +271,7 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
     if reasoning is None:
         reasoning = ""
     if not isinstance(reasoning, str):
-        raise RowRejected(MALFORMED, f"field 'reasoning' must be a string, got {_kind(reasoning)}")
+        raise RowRejected(MALFORMED, f"field 'reasoning' must be a string, got {kind_of(reasoning)}")
 
     options: tuple[str, ...] = ()
     question = problem
@@ -318,5 +319,5 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
         row = parse_row(normalised)
     except MalformedRow as err:  # e.g. an empty option text
         raise RowRejected(MALFORMED, str(err)) from err
-    _check_lengths(row, limits)
+    check_lengths(row, limits)
     return row
