@@ -21,6 +21,13 @@ a later repeat of an earlier id is still a duplicate, and the output is byte-ide
 uninterrupted build). ``dataset.json`` gets the split's shards and the build statistics
 (counts per category, problem type and container, video durations, rejects per reason) when
 the split is complete.
+
+``BuildSettings.source_format`` picks what the input file is: the released LongVideo-Reason
+JSONL (the default, as above) or the annotation file of a long-video benchmark
+(:mod:`datatools.benchmarks`). For a benchmark a row is one of its questions and its "line" (in
+the rejects file, the build state and ``source_line``) is the question's record number
+(:attr:`datatools.benchmarks.Record.number`: the JSONL line or JSON-list position of its entry;
+for LVBench, the question's count over the file); everything after the row is checked is the same.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from typing import Any
 
 from datamodules.rows import QARow
 from datamodules.video import VideoDecodeError, VideoInfo
+from datatools.annotation_files import AnnotationFileError
+from datatools.benchmarks import FORMATS, LONGVIDEO_REASON, benchmark_records
 from datatools.ingest import locate_video, sample_key
 from datatools.jsonl_rows import Line, decode_line, read_lines
 from datatools.progress import progress_bar
@@ -87,11 +96,17 @@ class BuildSettings:
     probe_frames: int = DEFAULT_PROBE_FRAMES
     max_video_seconds: float = DEFAULT_MAX_VIDEO_SECONDS
     max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES
+    source_format: str = LONGVIDEO_REASON
+    """What ``jsonl`` holds: one of :data:`datatools.benchmarks.FORMATS`."""
 
     def fingerprint(self) -> dict[str, Any]:
         """What must not change between an interrupted build and its resumption."""
         stat = self.jsonl.stat()
+        # The format is recorded only when it is not the default, so that the state of a
+        # LongVideo-Reason build started before formats existed still resumes.
+        chosen = {} if self.source_format == LONGVIDEO_REASON else {"format": self.source_format}
         return {
+            **chosen,
             "jsonl": str(self.jsonl.resolve()),
             "jsonl_size": stat.st_size,
             "jsonl_mtime_ns": stat.st_mtime_ns,
@@ -176,6 +191,24 @@ def _checked_row(line: Line, limits: TextLimits) -> QARow | Reject:
         return Reject.of(line.number, err.reason, str(err), problem_id, video)
 
 
+def _checked_rows(settings: BuildSettings) -> Iterator[tuple[int, QARow | Reject]]:
+    """Every row of the input file with its line (record) number: normalised, or why not."""
+    if settings.source_format == LONGVIDEO_REASON:
+        for line in read_lines(settings.jsonl, settings.limits.line_bytes):
+            yield line.number, _checked_row(line, settings.limits)
+        return
+    for record in benchmark_records(settings.jsonl, settings.source_format, settings.limits):
+        if record.row is not None:
+            yield record.number, record.row
+        else:
+            error = record.error
+            assert error is not None  # a record holds a row or its rejection
+            yield (
+                record.number,
+                Reject.of(record.number, error.reason, str(error), record.problem_id, record.video),
+            )
+
+
 def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate | Reject]:
     """Every row from line ``from_line`` on as a :class:`Candidate` or a :class:`Reject`, in file order.
 
@@ -184,19 +217,18 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
     """
     videos_root = settings.videos_root.resolve()
     claimed: dict[str, tuple[int, str]] = {}  # shard key -> (line, problem id) of its first row
-    for line in read_lines(settings.jsonl, settings.limits.line_bytes):
-        outcome = _checked_row(line, settings.limits)
+    for number, outcome in _checked_rows(settings):
         if isinstance(outcome, QARow):
             key = sample_key(outcome.problem_id)
-            first_line, first_id = claimed.setdefault(key, (line.number, outcome.problem_id))
-            if first_line != line.number:
+            first_line, first_id = claimed.setdefault(key, (number, outcome.problem_id))
+            if first_line != number:
                 message = (
                     f"problem_id also on line {first_line}"
                     if first_id == outcome.problem_id
                     else f"shard key {key} also belongs to the id on line {first_line}"
                 )
-                outcome = Reject.of(line.number, DUPLICATE_ID, message, outcome.problem_id, outcome.video)
-        if line.number < from_line:  # already in a shard or the rejects file
+                outcome = Reject.of(number, DUPLICATE_ID, message, outcome.problem_id, outcome.video)
+        if number < from_line:  # already in a shard or the rejects file
             continue
         if isinstance(outcome, Reject):
             yield outcome
@@ -210,12 +242,10 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
                 max_bytes=settings.max_video_bytes,
             )
         except RowRejected as err:
-            yield Reject.of(line.number, err.reason, str(err), row.problem_id, row.video)
+            yield Reject.of(number, err.reason, str(err), row.problem_id, row.video)
             continue
         extension = Path(row.video).suffix.lower().lstrip(".")
-        yield Candidate(
-            line.number, row, key, path, extension, settings.probe_frames, settings.max_video_seconds
-        )
+        yield Candidate(number, row, key, path, extension, settings.probe_frames, settings.max_video_seconds)
 
 
 def probe(item: Candidate | Reject) -> Accepted | Reject:
@@ -299,7 +329,9 @@ class _BuildState:
                     f"cannot read the build state {self.path} ({err}); pass --overwrite to start again"
                 ) from err
             if saved_fingerprint != self.fingerprint:
-                changed = [k for k, v in self.fingerprint.items() if saved_fingerprint.get(k) != v]
+                # Over both sets of keys: a key only one side has (the format) is a difference too.
+                keys = [*self.fingerprint, *(k for k in saved_fingerprint if k not in self.fingerprint)]
+                changed = [k for k in keys if saved_fingerprint.get(k) != self.fingerprint.get(k)]
                 raise BuildError(
                     f"{settings.out} holds a build of split {settings.split!r} from other inputs or limits "
                     f"({', '.join(changed)} differ); pass --overwrite to start again or choose another --out"
@@ -349,8 +381,13 @@ class _BuildState:
 
 def _count_rows(settings: BuildSettings, before_line: int | None = None) -> int:
     """Rows of the JSONL file as :func:`read_rows` sees them (only those before ``before_line``, if given)."""
-    lines = read_lines(settings.jsonl, settings.limits.line_bytes)
-    return sum(1 for line in lines if before_line is None or line.number < before_line)
+    if settings.source_format == LONGVIDEO_REASON:  # lines are rows: no need to normalise them
+        lines = read_lines(settings.jsonl, settings.limits.line_bytes)
+        numbers: Iterator[int] = (line.number for line in lines)
+    else:
+        records = benchmark_records(settings.jsonl, settings.source_format, settings.limits)
+        numbers = (record.number for record in records)
+    return sum(1 for number in numbers if before_line is None or number < before_line)
 
 
 def _outcomes(settings: BuildSettings, items: Iterator[Candidate | Reject]) -> Iterator[Accepted | Reject]:
@@ -369,8 +406,16 @@ def _check_settings(settings: BuildSettings) -> None:
             f"split {settings.split[:80]!r} is not a safe file-name part: use 1-64 of A-Z a-z 0-9 _ - "
             "(not starting with _ or -)"
         )
+    if settings.source_format not in FORMATS:
+        raise BuildError(f"format {settings.source_format[:80]!r} is not one of {', '.join(FORMATS)}")
     if not settings.jsonl.is_file() or not os.access(settings.jsonl, os.R_OK):
-        raise BuildError(f"no readable JSONL file {settings.jsonl}")
+        what = "JSONL" if settings.source_format == LONGVIDEO_REASON else "annotation"
+        raise BuildError(f"no readable {what} file {settings.jsonl}")
+    if settings.source_format != LONGVIDEO_REASON:
+        try:  # a file that is not entries at all (Parquet, a broken JSON list) stops here, before any output
+            _count_rows(settings)
+        except AnnotationFileError as err:
+            raise BuildError(str(err)) from err
     if not settings.videos_root.is_dir():
         raise BuildError(f"no videos folder {settings.videos_root}")
     if settings.workers < 1:
@@ -522,6 +567,7 @@ def _update_manifest(
     entry = split_entry(settings.split, shard_entries)
     entry["build"] = {
         "jsonl": str(settings.jsonl),
+        "format": settings.source_format,
         "videos_root": str(settings.videos_root),
         "rows": report.rows,
         "rejected": report.rejected,

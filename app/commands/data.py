@@ -1,7 +1,9 @@
 """Build datasets: WebDataset shards from the released LongVideo-Reason files, or the synthetic task.
 
 ``lvrl data build --jsonl train.jsonl --videos-root videos/ --out shards/ --split train``
-converts released rows (see :mod:`datatools.released_build`); ``lvrl data synth --out data/synth``
+converts released rows (see :mod:`datatools.released_build`), and with ``--format videomme``
+(``longvideobench``, ``mlvu``, ``lvbench``) a benchmark's annotation file
+(:mod:`datatools.benchmarks`); ``lvrl data synth --out data/synth``
 writes ``train-*.tar``, ``val-*.tar``, ``test-*.tar`` of the synthetic task. Both write
 ``<key>.<video>`` + ``<key>.json`` per sample and a ``dataset.json`` manifest.
 """
@@ -15,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from datatools.benchmarks import FORMATS, LONGVIDEO_REASON
 from datatools.progress import progress_bar
 from datatools.released import TextLimits
 from datatools.released_build import (
@@ -151,7 +154,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 def _register_build(commands: argparse._SubParsersAction) -> None:
     build = commands.add_parser(
         "build",
-        help="convert released LongVideo-Reason JSONL + videos into WebDataset shards",
+        help="convert released LongVideo-Reason JSONL (or a benchmark's annotations) + videos into shards",
         description=(
             "Convert a released LongVideo-Reason JSONL file and its videos into WebDataset shards "
             "OUT/SPLIT-NNNNN.tar (original video bytes + normalised JSON with duration and fps). Every "
@@ -159,16 +162,40 @@ def _register_build(commands: argparse._SubParsersAction) -> None:
             "OUT/SPLIT-rejects.jsonl: too_long, not_utf8, malformed, not_video, no_answer, no_options, "
             "answer_not_an_option, duplicate_id, outside_root, missing_video, unsupported_container, "
             "video_too_large, undecodable, video_too_long; no line can stop the build. OUT/dataset.json "
-            "gets the counts. Re-running after an interruption resumes after the last complete shard."
+            "gets the counts. Re-running after an interruption resumes after the last complete shard. "
+            "With --format, the input is instead the annotation file of a long-video benchmark (Video-MME, "
+            "LongVideoBench, MLVU, LVBench); each of its questions becomes a multiple-choice row, checked "
+            "and written or rejected the same way (its 'line' is its record number)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    build.add_argument("--jsonl", type=Path, required=True, help="released JSONL file (one row per line)")
+    build.add_argument(
+        "--jsonl",
+        "--annotations",
+        dest="jsonl",
+        type=Path,
+        required=True,
+        help="input file: the released JSONL (one row per line), or with --format the benchmark's "
+        "annotation file (a JSON list or JSONL)",
+    )
+    build.add_argument(
+        "--format",
+        dest="source_format",
+        choices=FORMATS,
+        default=LONGVIDEO_REASON,
+        help="what the input file is: longvideo_reason (released rows); videomme (Video-MME's parquet rows "
+        "as JSON/JSONL: question_id, videoID -> VIDEOID.mp4, question, options, answer, task_type); "
+        "longvideobench (lvb_val.json: id, video_path, question, candidates, correct_choice, "
+        "question_category); mlvu (an MLVU-Dev json/N_TASK.json: video, question, candidates, answer text, "
+        "question_type); lvbench (video_info.meta.jsonl: key -> KEY.mp4, qa list with uid, question with "
+        "'(A) ...' options, answer, question_type)",
+    )
     build.add_argument(
         "--videos-root",
         type=Path,
         required=True,
-        help="folder the rows' 'videos' file names are relative to; a path resolving outside it "
+        help="folder the rows' 'videos' file names (a benchmark's video names) are relative to; a path "
+        "resolving outside it "
         "(absolute, '..', a symlink out) is rejected as outside_root",
     )
     build.add_argument(
@@ -201,7 +228,7 @@ def _register_build(commands: argparse._SubParsersAction) -> None:
     )
     limits = TextLimits()
     for flag, default, what in (
-        ("--max-line-bytes", limits.line_bytes, "bytes of a JSONL line"),
+        ("--max-line-bytes", limits.line_bytes, "bytes of a JSONL line (or a JSON-list entry)"),
         ("--max-question-chars", limits.question_chars, "characters of a question (without its options)"),
         ("--max-reasoning-chars", limits.reasoning_chars, "characters of the reasoning"),
         ("--max-option-chars", limits.option_chars, "characters of each option"),
@@ -248,6 +275,7 @@ def run_build(args: argparse.Namespace) -> None:
         probe_frames=args.probe_frames,
         max_video_seconds=args.max_video_seconds,
         max_video_bytes=args.max_video_size,
+        source_format=args.source_format,
     )
     try:
         report = build_shards(settings, overwrite=args.overwrite, progress=not args.no_progress)
@@ -256,7 +284,8 @@ def run_build(args: argparse.Namespace) -> None:
         print(f"lvrl data build: error: {err}", file=sys.stderr)
         raise SystemExit(2) from err
     if report.resumed_from_line > 1:
-        print(f"resumed at line {report.resumed_from_line}")
+        unit = "line" if args.source_format == LONGVIDEO_REASON else "record"
+        print(f"resumed at {unit} {report.resumed_from_line}")
     hours = report.stats["duration_s"]["total_hours"]
     print(
         f"{report.split}: {report.rows} rows, {report.written} written in {len(report.shards)} shards "
