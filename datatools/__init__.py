@@ -4,7 +4,8 @@
 - :mod:`datatools.released_build`: WebDataset shards from the released LongVideo-Reason JSONL and
   video files (``lvrl data build``), with :mod:`datatools.released` (row normalisation),
   :mod:`datatools.jsonl_rows` (reading JSONL lines as bytes) and :mod:`datatools.ingest`
-  (shard keys, video paths).
+  (shard keys, video paths); with ``--format``, the annotation files of long-video benchmarks
+  (:mod:`datatools.benchmarks`, read by :mod:`datatools.annotation_files`).
 - :mod:`datatools.shard_writer`: writing shards and their ``dataset.json`` manifest.
 - :mod:`datatools.video_encode`: frames to video bytes; :mod:`datatools.video_probe`: checking a
   video's headers and frames before it goes into a shard.

@@ -217,15 +217,16 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
     """
     videos_root = settings.videos_root.resolve()
     claimed: dict[str, tuple[int, str]] = {}  # shard key -> (line, problem id) of its first row
+    unit = "line" if settings.source_format == LONGVIDEO_REASON else "record"
     for number, outcome in _checked_rows(settings):
         if isinstance(outcome, QARow):
             key = sample_key(outcome.problem_id)
             first_line, first_id = claimed.setdefault(key, (number, outcome.problem_id))
             if first_line != number:
                 message = (
-                    f"problem_id also on line {first_line}"
+                    f"problem_id also on {unit} {first_line}"
                     if first_id == outcome.problem_id
-                    else f"shard key {key} also belongs to the id on line {first_line}"
+                    else f"shard key {key} also belongs to the id on {unit} {first_line}"
                 )
                 outcome = Reject.of(number, DUPLICATE_ID, message, outcome.problem_id, outcome.video)
         if number < from_line:  # already in a shard or the rejects file

@@ -151,6 +151,10 @@ def test_a_benchmark_builds_into_multiple_choice_shards_with_named_rejects(bench
     rows = 3 + len(rejected)
     assert f"{benchmark}: {rows} rows, 3 written" in done.stdout, done.stdout
     assert _rejects(out, benchmark) == rejected
+    if benchmark == LVBENCH:  # numbers are records (questions), and the messages say so
+        records = (out / f"{benchmark}-rejects.jsonl").read_text(encoding="utf-8").splitlines()
+        assert json.loads(records[0])["message"] == "problem_id also on record 3"
+        assert json.loads(records[2])["message"].startswith("line 5: not JSON")
 
     # The shards stream as ordinary multiple-choice samples with the video decoded.
     stream = VideoQAStream(resolve_shards(str(out / f"{benchmark}-*.tar")), num_frames=4, max_pixels=56 * 56)
