@@ -3,27 +3,17 @@ rows with tool video segments equal to the model's own forward from pixels."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.episode_helpers import video_prompt
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
-from transformers import AutoProcessor
 
 from core.episode import Episode, ToolReply, episode_scoring_batch
-from core.frame_requests import FramePlan, served_text
 from core.layout import PositionRule, PromptLayout
 from core.video import VideoEmbedding
-from datamodules.collate import VideoQACollator
-from datamodules.shards import resolve_shards
-from datamodules.stream import VideoQAStream
-from datamodules.video import decode_frames
-from models.families import family_of
-from models.loading import load_model
 from models.logprobs import completion_logprobs
-from models.vision import encode_videos
-from rollout.frame_tool import tokenize_reply
 
 VIDEO = 9  # placeholder id of the hand-made layouts
 RULE = PositionRule(spatial_merge_size=2, tokens_per_second=2.0)
@@ -76,46 +66,23 @@ def test_the_episode_keeps_what_was_sampled_and_the_engines_form() -> None:
 
 @pytest.fixture(scope="module")
 def real_episodes(tiny_model_dir: Path, synth_dir: Path) -> dict:
-    """Two episodes of one real video prompt, each with a different served segment of 4 frames."""
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    model = load_model(tiny_model_dir)
-    family = family_of(model.config)
-    stream = VideoQAStream(resolve_shards(str(synth_dir / "val-*.tar")), num_frames=8, max_pixels=56 * 56)
-    sample = next(iter(stream))
-    batch = VideoQACollator(processor, family=family)([sample])
-    prompt = batch["prompts"][0]
-    with torch.no_grad():
-        prompt_video = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])[0]
-    tokenizer = processor.tokenizer
-    request = '<think>look</think>\n<tool_call>\n{"name": "get_frames", "arguments": {"start": 1, "end": 5}}'
-    answer = "<think>seen</think><answer>B</answer><|im_end|>"
-    episodes, pixels, grids = [], [batch["pixel_values_videos"]], [batch["video_grid_thw"]]
-    with tarfile.open(sample.shard) as tar:
-        member = next(m for m in tar.getmembers() if m.name == f"{sample.key}.mp4")
-        video_bytes = tar.extractfile(member).read()
-    for first in (2, 10):  # two requests: 4 frames each, every 2nd source frame (1 s apart at 2 fps)
-        plan = FramePlan(tuple(range(first, first + 8, 2)), sample.video.fps)
-        frames = decode_frames(video_bytes, plan.frame_indices, max_pixels=56 * 56).frames
-        inputs = tokenize_reply(processor, family, served_text(plan), (plan, frames))
-        with torch.no_grad():
-            embeds = encode_videos(model, inputs.pixel_values_videos, inputs.video_grid_thw.reshape(1, 3))[0]
-        episode = Episode(prompt)
-        turn = tokenizer(request, add_special_tokens=False)["input_ids"] + [
-            tokenizer.convert_tokens_to_ids("</tool_call>")
-        ]
-        episode.add_turn(turn, [0.0] * len(turn), "stop")
-        episode.add_reply(inputs.reply(embeds))
-        final = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    """Two episodes of one real video prompt, each with a different served segment of 4 frames
+    (every 2nd source frame: 1 s apart at 2 fps), then a last turn."""
+    prompt = video_prompt(tiny_model_dir, synth_dir)
+    episodes, pixels, grids = [], [prompt.pixel_values_videos], [prompt.video_grid_thw]
+    for first in (2, 10):
+        episode, segment_pixels, grid = prompt.served_episode(tuple(range(first, first + 8, 2)))
+        final = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
         episode.add_turn(final, [0.0] * len(final), "stop")
         episodes.append(episode)
-        pixels.append(inputs.pixel_values_videos)
-        grids.append(inputs.video_grid_thw.reshape(1, 3))
+        pixels.append(segment_pixels)
+        grids.append(grid)
     return {
-        "model": model,
-        "family": family,
-        "pad": tokenizer.pad_token_id,
+        "model": prompt.model,
+        "family": prompt.family,
+        "pad": prompt.processor.tokenizer.pad_token_id,
         "episodes": episodes,
-        "prompt_video": prompt_video,
+        "prompt_video": prompt.video_embeds,
         "pixels": pixels,
         "grids": grids,
     }
