@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from core.rng import rng_states, set_rng_states
+from core.video import VideoEmbedding
 from models.families import ModelFamily, family_of
 from rollout.base import (
     Completion,
@@ -244,7 +245,7 @@ class VLLMEngine(RolloutEngine):
                 )
             prompt: dict[str, Any] = {"prompt_token_ids": request.episode.engine_prompt()}
             if videos:
-                prompt["multi_modal_data"] = {"video": [self.family.vllm_video_input(v) for v in videos]}
+                prompt["multi_modal_data"] = {"video": _merged_videos_input(self.family, videos)}
             prompts.append(prompt)
         outputs = self._run(prompts, self._params(sampling, 1), sampling.seed)
         return [
@@ -297,3 +298,15 @@ class VLLMEngine(RolloutEngine):
         if "weights" in self.asleep:
             self.llm.wake_up(["weights"])
             self.asleep.discard("weights")
+
+
+def _merged_videos_input(family: ModelFamily, videos: Sequence[VideoEmbedding]) -> dict[str, Any]:
+    """One ``multi_modal_data["video"]`` entry for several cached encodings: vLLM takes a prompt's
+    videos as one batch (embeddings and per-video fields concatenated in placeholder order), not
+    as a list of entries."""
+    entries = [family.vllm_video_input(video) for video in videos]
+    merged: dict[str, Any] = {}
+    for key, first in entries[0].items():
+        values = [entry[key] for entry in entries]
+        merged[key] = torch.cat(values) if isinstance(first, torch.Tensor) else [x for v in values for x in v]
+    return merged
