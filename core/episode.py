@@ -65,6 +65,8 @@ class Episode:
     """One multi-turn rollout of ``prompt``: every token after it, in order."""
 
     prompt: PromptLayout
+    rule: PositionRule | None = None
+    """The model's position rule (what :meth:`positions` uses when given none)."""
     token_ids: list[int] = field(default_factory=list)
     sampled: list[bool] = field(default_factory=list)
     """True where the engine sampled the token (it has a log-prob and is trained)."""
@@ -78,6 +80,8 @@ class Episode:
     """The tokens after the prompt as an engine that expands videos itself is given them."""
     turns: int = 0
     """Assistant turns sampled so far."""
+    replies: int = 0
+    """Tool replies so far (one per request answered, served or not)."""
     finish_reason: str = ""
     """How the last turn ended: ``stop`` (end of turn or a request) or ``length``."""
 
@@ -102,6 +106,7 @@ class Episode:
         self.engine_ids += reply.engine_ids()
         if reply.video is not None:
             self.segments.append(reply.video)
+        self.replies += 1
 
     def __len__(self) -> int:
         """Tokens after the prompt."""
@@ -112,9 +117,12 @@ class Episode:
         """The tokens the model wrote, all turns together (what rewards read)."""
         return [t for t, s in zip(self.token_ids, self.sampled, strict=True) if s]
 
-    def positions(self, rule: PositionRule) -> torch.Tensor:
+    def positions(self, rule: PositionRule | None = None) -> torch.Tensor:
         """``(3, len(prompt) + len(self))`` M-RoPE positions of the whole sequence (the prompt's
         video first, then the segments: the order of the sequence's video slots)."""
+        rule = rule or self.rule
+        if rule is None:
+            raise ValueError("an episode's positions need the model's position rule")
         grids = [v.grid_thw.reshape(3) for v in self.segments]
         seconds = [v.second_per_grid for v in self.segments]
         if self.prompt.video_grid_thw is not None and self.prompt.second_per_grid is not None:
@@ -138,7 +146,7 @@ class Episode:
 def episode_scoring_batch(
     episodes: Sequence[Episode],
     prompt_of_row: Sequence[int],
-    rule: PositionRule,
+    rule: PositionRule | None = None,
     *,
     pad_token_id: int,
     length_multiple: int = 1,
@@ -149,6 +157,7 @@ def episode_scoring_batch(
     ones (the tool's replies are read, not trained), and ``video_mask`` the prompt's and the
     segments' placeholders: the rows' videos are the prompt's then the segments, in order. Rows
     with the same ``prompt_of_row`` must share their prompt (their prompt pass is shared).
+    ``rule``: the model's position rule, if the episodes do not carry it.
     """
     if len(prompt_of_row) != len(episodes):
         raise ValueError(f"{len(prompt_of_row)} prompt indices for {len(episodes)} episodes")

@@ -51,6 +51,9 @@ OUTSIDE_VIDEO = "outside_video"
 TOO_MANY_CALLS = "too_many_calls"
 NO_FRAMES_LEFT = "no_frames_left"
 """The episode's frame budget is spent."""
+UNREADABLE_FRAMES = "unreadable_frames"
+"""The video could not be decoded at the requested frames (a damaged file: the frames it
+promised are not there)."""
 REJECT_REASONS: tuple[str, ...] = (
     MALFORMED,
     UNKNOWN_TOOL,
@@ -59,6 +62,7 @@ REJECT_REASONS: tuple[str, ...] = (
     OUTSIDE_VIDEO,
     TOO_MANY_CALLS,
     NO_FRAMES_LEFT,
+    UNREADABLE_FRAMES,
 )
 
 MAX_REQUEST_CHARS = 2_000

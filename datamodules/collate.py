@@ -157,6 +157,9 @@ class VideoQACollator:
                     "num_frames": len(s.video.frame_indices),
                     "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,
+                    "source_fps": s.video.fps,
+                    "source_frames": s.video.total_num_frames,
+                    "video_bytes": s.video_bytes,
                 }
                 for s in samples
             ],

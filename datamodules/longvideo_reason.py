@@ -64,6 +64,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         max_target_tokens: skip a sample whose CoT-SFT target (reasoning and answer) has more
             tokens than this (``data/skipped/target_too_long``; validation computes a loss on
             it too). null: no limit.
+        keep_video_bytes: keep each sample's encoded video in its batch (``meta["video_bytes"]``):
+            tool-use rollouts (the RL callback's ``tool_use``) decode the frames the model asks
+            for from it. Costs the batch's videos' size in host memory while it is in use.
 
     Frames per video are bounded by ``num_frames`` (every ``val_num_frames`` count and the
     ``sample_fps`` rate are capped by their own count): a longer video is sampled more
@@ -91,6 +94,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         worker_start_method: str = "spawn",
         max_prompt_tokens: int | None = 4096,
         max_target_tokens: int | None = 4096,
+        keep_video_bytes: bool = False,
     ) -> None:
         super().__init__()
         if sample_fps is not None and sample_fps <= 0:
@@ -174,6 +178,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             text_lengths=self._text_lengths(),
             max_prompt_tokens=self.hparams.max_prompt_tokens,
             max_target_tokens=self.hparams.max_target_tokens,
+            keep_video_bytes=self.hparams.keep_video_bytes,
         )
 
     def _text_lengths(self) -> TextTokenCounter | None:

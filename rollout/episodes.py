@@ -37,7 +37,7 @@ from core.frame_requests import (
 )
 from core.video import VideoEncoder
 from models.families import ModelFamily
-from rollout.base import RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
+from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
 from rollout.frame_tool import ReplyInputs, tokenize_reply
 
 
@@ -50,7 +50,8 @@ class EpisodeVideo:
     source_fps: float
     num_frames: int
     read: Callable[[Sequence[int]], np.ndarray]
-    """Decodes the given source frames (ascending) as ``(n, h, w, 3)`` uint8, sized for the model."""
+    """Decodes the given source frames (ascending) as ``(n, h, w, 3)`` uint8, sized for the model;
+    raises :class:`~core.frame_requests.RequestRejected` (``unreadable_frames``) when it cannot."""
 
 
 @dataclass
@@ -85,7 +86,15 @@ class FrameTool:
         if key in cache.entries:
             cache.hits += 1
         else:
-            frames = video.read(plan.frame_indices)
+            try:
+                frames = video.read(plan.frame_indices)
+            except RequestRejected as rejected:  # the source could not decode them
+                state.frames -= len(plan.frame_indices)  # nothing was served
+                return (
+                    tokenize_reply(self.processor, self.family, rejected_text(rejected)),
+                    None,
+                    rejected.reason,
+                )
             inputs = tokenize_reply(self.processor, self.family, served_text(plan), (plan, frames))
             assert inputs.pixel_values_videos is not None and inputs.video_grid_thw is not None
             with torch.no_grad():
@@ -102,6 +111,7 @@ class EpisodeStats:
 
     episodes: int = 0
     requests: int = 0
+    """Requests made, answered or not."""
     served_frames: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     unanswered: int = 0
@@ -122,6 +132,23 @@ class EpisodeStats:
             {f"tool/rejected_{reason}": float(count) for reason, count in sorted(self.rejected.items())}
         )
         return out
+
+
+def merged_tool_stats(parts: Sequence[EpisodeStats | None]) -> EpisodeStats | None:
+    """The statistics of several rollouts (a step's sampling rounds) together; None without any."""
+    present = [part for part in parts if part is not None]
+    if not present:
+        return None
+    merged = EpisodeStats()
+    for part in present:
+        merged.episodes += part.episodes
+        merged.requests += part.requests
+        merged.served_frames += part.served_frames
+        merged.rejected.update(part.rejected)
+        merged.unanswered += part.unanswered
+        merged.cache_hits += part.cache_hits
+        merged.encoded_frames += part.encoded_frames
+    return merged
 
 
 def ends_with_request(episode: Episode, call_close_id: int) -> bool:
@@ -149,7 +176,7 @@ def run_episodes(
     for request, result in zip(requests, engine.generate(requests, turn_sampling), strict=True):
         group = []
         for completion in result.completions:
-            episode = Episode(request.layout)
+            episode = Episode(request.layout, rule=tool.family.position_rule)
             episode.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
             group.append(episode)
         groups.append(group)
@@ -183,15 +210,65 @@ def run_episodes(
             groups[g][e].add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
     stats.served_frames = sum(state.frames for row in states for state in row)
     stats.unanswered = sum(ends_with_request(e, call_close) for group in groups for e in group)
+    stats.requests += stats.unanswered  # asked too, when no turn was left to answer
     stats.cache_hits, stats.encoded_frames = cache.hits, cache.encoded_frames
     return groups, stats
 
 
-def _last_request(episode: Episode, tokenizer: Any) -> str:
-    """The body of the request the episode's last turn ends with (the turn's own tokens decoded)."""
+def _last_turn(episode: Episode) -> list[int]:
+    """The tokens of the episode's last turn (the trailing run of sampled tokens)."""
     start = len(episode.sampled)
     while start > 0 and episode.sampled[start - 1]:
         start -= 1
-    text = tokenizer.decode(episode.token_ids[start:], skip_special_tokens=False)
-    body = request_body(text)
+    return episode.token_ids[start:]
+
+
+def _last_request(episode: Episode, tokenizer: Any) -> str:
+    """The body of the request the episode's last turn ends with (the turn's own tokens decoded)."""
+    body = request_body(tokenizer.decode(_last_turn(episode), skip_special_tokens=False))
     return body if body is not None else ""
+
+
+@dataclass
+class EpisodeRollouts:
+    """A rollout step's episodes, with what rewards and logs read of each."""
+
+    groups: list[list[Episode]]
+    """``sampling.n`` episodes per prompt."""
+    completions: list[Completion]
+    """Per episode (prompt-major): what the model wrote, all turns' tokens and log-probs, and its
+    last turn's text (the answer that rewards read)."""
+    requests: list[int]
+    """Per episode: the requests it made (answered or not)."""
+    stats: EpisodeStats
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return [episode for group in self.groups for episode in group]
+
+
+def episode_rollouts(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    videos: Sequence[EpisodeVideo],
+    sampling: SamplingConfig,
+    tool: FrameTool,
+) -> EpisodeRollouts:
+    """:func:`run_episodes`, with each episode summarised for the rewards."""
+    groups, stats = run_episodes(engine, requests, videos, sampling, tool)
+    tokenizer = tool.processor.tokenizer
+    call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
+    completions, counts = [], []
+    for episode in (e for group in groups for e in group):
+        sampled = [i for i, s in enumerate(episode.sampled) if s]
+        text = tokenizer.decode(_last_turn(episode), skip_special_tokens=True)
+        completions.append(
+            Completion(
+                [episode.token_ids[i] for i in sampled],
+                [episode.logprobs[i] for i in sampled],
+                text,
+                episode.finish_reason,
+            )
+        )
+        counts.append(episode.replies + int(ends_with_request(episode, call_close)))
+    return EpisodeRollouts(groups, completions, counts, stats)

@@ -14,6 +14,7 @@ segment in the wrong place or at the wrong positions moves log-probs by >= 1e-2.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -85,11 +86,16 @@ def test_both_engines_continue_an_episode_as_the_trainer_scores_it(prompt, tiny_
         turns[name] = engine.generate_turns(requests, greedy)
         continued = []
         for episode, completion in zip(episodes, turns[name], strict=True):
-            copy = Episode(
-                episode.prompt, list(episode.token_ids), list(episode.sampled), [0.0] * len(episode)
+            # Only the new turn is compared: the request turn before it is marked as not sampled.
+            copy = dataclasses.replace(
+                episode,
+                token_ids=list(episode.token_ids),
+                sampled=[False] * len(episode),
+                logprobs=[0.0] * len(episode),
+                video_slots=list(episode.video_slots),
+                segments=list(episode.segments),
+                engine_ids=list(episode.engine_ids),
             )
-            copy.video_slots, copy.segments = list(episode.video_slots), list(episode.segments)
-            copy.sampled = [False] * len(episode)  # only the new turn is compared
             copy.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
             continued.append(copy)
         scored, reported = trainer_scores(prompt, continued)
