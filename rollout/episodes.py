@@ -35,10 +35,10 @@ from core.frame_requests import (
     request_body,
     served_text,
 )
+from core.tool_reply import ReplyInputs, tokenize_reply
 from core.video import VideoEncoder
 from models.families import ModelFamily
 from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
-from rollout.frame_tool import ReplyInputs, tokenize_reply
 
 
 @dataclass(frozen=True)

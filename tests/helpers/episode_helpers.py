@@ -13,6 +13,7 @@ from transformers import AutoProcessor
 from core.episode import Episode
 from core.frame_requests import FrameBudget, FramePlan, served_text
 from core.layout import PromptLayout
+from core.tool_reply import tokenize_reply
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
@@ -22,7 +23,6 @@ from models.loading import load_model
 from models.vision import encode_videos
 from rollout.base import RolloutRequest
 from rollout.episodes import EpisodeVideo, FrameTool
-from rollout.frame_tool import tokenize_reply
 
 MAX_PIXELS = 56 * 56
 REQUEST = (

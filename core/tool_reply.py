@@ -20,8 +20,9 @@ positions advance with real time (:mod:`core.episode`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -29,11 +30,21 @@ import torch
 from core.episode import ToolReply
 from core.frame_requests import RESPONSE_CLOSE, RESPONSE_OPEN, FramePlan
 from core.video import VideoEmbedding
-from models.families import ModelFamily
 
 VIDEO_PART = "<|vision_start|><|video_pad|><|vision_end|>"
 REPLY_OPEN = f"<|im_end|>\n<|im_start|>user\n{RESPONSE_OPEN}\n"
 REPLY_CLOSE = f"\n{RESPONSE_CLOSE}<|im_end|>\n<|im_start|>assistant\n"
+
+
+class ReplyFamily(Protocol):
+    """What the reply needs of the model's family (:class:`models.families.ModelFamily` has it)."""
+
+    @property
+    def temporal_patch_size(self) -> int: ...
+
+    def engine_template_ids(self, tokenizer: Any, prompt_text: str) -> list[int] | None: ...
+
+    def patch_timestamps(self, metadata: Mapping[str, Any]) -> list[float] | None: ...
 
 
 def reply_text(message: str, with_video: bool) -> str:
@@ -80,7 +91,7 @@ def segment_metadata(plan: FramePlan, frames: np.ndarray) -> dict[str, Any]:
 
 def tokenize_reply(
     processor: Any,
-    family: ModelFamily,
+    family: ReplyFamily,
     message: str,
     served: tuple[FramePlan, np.ndarray] | None = None,
 ) -> ReplyInputs:
