@@ -102,7 +102,7 @@ class RolloutCallback(Callback):
             (:mod:`rollout.episodes`; the syntax in :mod:`core.frame_requests`):
             ``{max_calls, frames_per_call, frames_per_episode, default_fps}`` (defaults 3, 16,
             32, 1.0). Frames are decoded from each sample's video (``data.init_args.
-            keep_video_bytes: true``) at the data's pixel budget; ``max_new_tokens`` bounds each
+            tool_use: true``) at the data's pixel budget; ``max_new_tokens`` bounds each
             turn. Logged under ``tool/``. null: single-turn rollouts.
 
     Guardrails (:mod:`rollout.guardrails`), always on: the engine never samples the vision
@@ -308,10 +308,10 @@ class RolloutCallback(Callback):
                 f"engine's init_args.videos_per_prompt: {self.tool_budget.max_calls + 1}"
             )
         hparams = getattr(trainer.datamodule, "hparams", {})
-        if "keep_video_bytes" in hparams and not hparams["keep_video_bytes"]:
+        if "tool_use" in hparams and not hparams["tool_use"]:
             raise ValueError(
-                "tool_use decodes the frames a model asks for from each sample's video: set "
-                "data.init_args.keep_video_bytes: true"
+                "the rollouts' tool_use needs questions that offer the tool and videos to serve frames "
+                "from: set data.init_args.tool_use: true"
             )
 
     def _frame_tool(self, trainer: L.Trainer, pl_module: Any, encode: VideoEncoder) -> FrameTool:

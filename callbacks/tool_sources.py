@@ -1,7 +1,7 @@
 """Where tool-use rollouts read the frames a model asks for: each prompt's own video.
 
-The datamodule keeps every sample's encoded video in its batch (``data.init_args.
-keep_video_bytes: true``); a request's frames are decoded from it with the same pixel budget and
+The datamodule keeps every sample's encoded video in its batch (``data.init_args.tool_use:
+true``); a request's frames are decoded from it with the same pixel budget and
 patch rounding as the prompt's overview frames, so a segment looks like the rest of the video.
 """
 
@@ -29,7 +29,7 @@ def episode_videos(meta: Sequence[Mapping[str, Any]], *, max_pixels: int, factor
         if video is None:
             raise NoVideoBytes(
                 "tool-use rollouts decode the frames a model asks for from the sample's video, but the "
-                "batch does not carry it: set data.init_args.keep_video_bytes: true"
+                "batch does not carry it: set data.init_args.tool_use: true"
             )
 
         def read(indices: Sequence[int], video: bytes = video) -> np.ndarray:

@@ -60,6 +60,19 @@ def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> li
     ]
 
 
+def layout_videos(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The videos of the teacher-forcing rows, in row order: ``(pixel_values_videos,
+    video_grid_thw, second_per_grid_ts)``; with tool traces the replies' segments are among them
+    (the collator's ``target_*`` keys), else they are the prompts' videos."""
+    if "target_pixel_values_videos" in batch:
+        return (
+            batch["target_pixel_values_videos"],
+            batch["target_video_grid_thw"],
+            batch["target_second_per_grid_ts"],
+        )
+    return batch["pixel_values_videos"], batch["video_grid_thw"], batch["second_per_grid_ts"]
+
+
 def rank0_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """What a sharded model is filled with (:func:`parallel.sharding.shard_model`): rank 0's
     weights (its state dict, no copy), ``{}`` on the other ranks (skeletons, see
@@ -307,8 +320,8 @@ class VLMModule(L.LightningModule):
         return mrope_position_ids(
             batch["video_mask"],
             batch["attention_mask"],
-            batch["video_grid_thw"],
-            batch["second_per_grid_ts"],
+            layout_videos(batch)[1],
+            layout_videos(batch)[2],
             spatial_merge_size=rule.spatial_merge_size,
             tokens_per_second=rule.tokens_per_second,
             temporal=rule.temporal,
@@ -320,13 +333,14 @@ class VLMModule(L.LightningModule):
         assert self.model is not None
         model = self.model
         positions = self.position_ids(batch)
+        pixels, grids, _ = layout_videos(batch)
         out = self.run_model(
             lambda: model(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 position_ids=positions,
-                pixel_values_videos=batch["pixel_values_videos"],
-                video_grid_thw=batch["video_grid_thw"],
+                pixel_values_videos=pixels,
+                video_grid_thw=grids,
                 use_cache=False,
                 logits_to_keep=logits_to_keep,
             )

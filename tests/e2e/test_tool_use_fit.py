@@ -43,9 +43,7 @@ def asking_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: P
     return save_biased_model(tiny_model_dir, tmp_path_factory.mktemp("asking") / "model", "</tool_call>")
 
 
-def fit(
-    model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, keep_video_bytes: bool = True
-) -> L.Trainer:
+def fit(model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, tool_use: bool = True) -> L.Trainer:
     L.seed_everything(0)
     module = GRPOModule(str(model_dir), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
     rollout = RolloutCallback(
@@ -62,7 +60,7 @@ def fit(
         num_frames=8,
         batch_size=2,
         num_workers=0,
-        keep_video_bytes=keep_video_bytes,
+        tool_use=tool_use,
     )
     trainer = L.Trainer(
         max_steps=2,
@@ -106,8 +104,8 @@ def test_tool_use_episodes_train_through_lightning(
 def test_tool_use_refuses_a_setup_that_cannot_run(
     asking_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
-    with pytest.raises(ValueError, match="keep_video_bytes: true"):
-        fit(asking_model_dir, synth_dir, tmp_path, TransformersEngine(), keep_video_bytes=False)
+    with pytest.raises(ValueError, match="tool_use: true"):
+        fit(asking_model_dir, synth_dir, tmp_path, TransformersEngine(), tool_use=False)
     with pytest.raises(ValueError, match="videos_per_prompt: 3"):
         fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32", max_model_len=1024))
     with pytest.raises(ValueError, match="unknown settings"):
