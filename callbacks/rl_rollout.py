@@ -33,7 +33,6 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks.tool_sources import episode_videos
 from core.frame_requests import FrameBudget
 from core.settings import settings_block
 from core.video import VideoEncoder
@@ -41,7 +40,7 @@ from models.families import family_of
 from parallel.collectives import share_out
 from rewards.combine import RewardSpec, default_reward_specs
 from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.episodes import EpisodeRollouts, FrameTool, episode_rollouts
+from rollout.episodes import EpisodeRollouts, FrameTool, episode_rollouts, frame_sources
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
@@ -246,11 +245,7 @@ class RolloutCallback(Callback):
             def episodes(
                 requests: list[RolloutRequest], sampling: SamplingConfig, meta: list[dict[str, Any]]
             ) -> EpisodeRollouts:
-                sources = episode_videos(
-                    meta,
-                    max_pixels=trainer.datamodule.hparams.max_pixels_per_frame,  # type: ignore[union-attr]
-                    factor=tool.family.merged_patch_pixels,
-                )
+                sources = frame_sources(meta)
 
                 def on(engine: RolloutEngine) -> EpisodeRollouts:
                     live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()

@@ -26,8 +26,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 TOOL_NAME = "get_frames"
 CALL_OPEN = "<tool_call>"
@@ -69,6 +72,21 @@ MAX_REQUEST_CHARS = 2_000
 """A request is a few dozen characters; anything far longer is not one."""
 _TIME = re.compile(r"(?:(\d{1,3}):)?(\d{1,2}):(\d{2}(?:\.\d+)?)")
 _ARGUMENTS = frozenset({"start", "end", "fps"})
+
+
+class FrameSource(Protocol):
+    """One prompt's source video, as the tool reads it (the datamodule provides one per sample
+    with ``tool_use``: :class:`datamodules.tool_traces.StoredVideo`)."""
+
+    key: str
+    """Names the video (the sample key): with the frames' indices, the key of a served segment."""
+    source_fps: float
+    num_frames: int
+
+    def read(self, frame_indices: Sequence[int]) -> np.ndarray:
+        """The given source frames (ascending) as ``(n, h, w, 3)`` uint8, sized for the model;
+        raises :class:`RequestRejected` (``unreadable_frames``) when the video cannot give them."""
+        ...
 
 
 class RequestRejected(ValueError):

@@ -20,7 +20,7 @@ from core.layout import PromptLayout
 from datamodules.prompts import assistant_target, chat_messages
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
-from datamodules.tool_traces import ToolTraces, trace_target
+from datamodules.tool_traces import ToolTraces, stored_video, trace_target
 from models.families import ModelFamily
 
 IGNORE_INDEX = -100
@@ -169,9 +169,7 @@ class VideoQACollator:
                     "num_frames": len(s.video.frame_indices),
                     "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,
-                    "source_fps": s.video.fps,
-                    "source_frames": s.video.total_num_frames,
-                    "video_bytes": s.video_bytes,
+                    "frame_source": stored_video(s, self.tool_traces) if self.tool_traces else None,
                 }
                 for s in samples
             ],

@@ -67,7 +67,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             it too). null: no limit.
         tool_use: questions for a model that may ask for frames (the frames tool's syntax is
             added to each prompt, :data:`datamodules.prompts.TOOL_INSTRUCTION`); each sample's
-            encoded video stays in its batch (``meta["video_bytes"]``: tool-use rollouts, the RL
+            encoded video stays in its batch (``meta["frame_source"]``: tool-use rollouts, the RL
             callback's ``tool_use``, decode requested frames from it; it costs the batch's
             videos' size in host memory while in use); and a row with a tool trace (the zoom
             task's, :mod:`datamodules.tool_traces`) is taught as that episode in CoT-SFT.

@@ -15,12 +15,15 @@ naming the sample and the reason.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from core.frame_requests import (
+    UNREADABLE_FRAMES,
     FrameBudget,
     RequestRejected,
     parse_request,
@@ -43,6 +46,48 @@ class ToolTraces:
     max_pixels: int
     factor: int
     budget: FrameBudget = field(default_factory=FrameBudget)
+
+
+class StoredVideo:
+    """A sample's encoded video, kept for the frames tool (a :class:`~core.frame_requests.FrameSource`):
+    requested frames are decoded at the data's pixel budget and patch rounding, so a segment
+    looks like the rest of the video. Picklable (it travels from dataloader workers in ``meta``);
+    a plain class, not a dataclass, so that Lightning's batch transfer passes it through as is."""
+
+    def __init__(
+        self, key: str, data: bytes, source_fps: float, num_frames: int, max_pixels: int, factor: int
+    ) -> None:
+        self.key = key
+        self.data = data
+        self.source_fps = source_fps
+        self.num_frames = num_frames
+        self.max_pixels = max_pixels
+        self.factor = factor
+
+    def __repr__(self) -> str:
+        size = f"{len(self.data)} bytes, {self.num_frames} frames at {self.source_fps:g} fps"
+        return f"StoredVideo({self.key!r}, {size})"
+
+    def read(self, frame_indices: Sequence[int]) -> np.ndarray:
+        try:
+            return decode_frames(self.data, frame_indices, self.max_pixels, factor=self.factor).frames
+        except VideoDecodeError as error:
+            raise RequestRejected(UNREADABLE_FRAMES, f"the video cannot be read there: {error}") from None
+
+
+def stored_video(sample: VideoQASample, settings: ToolTraces) -> StoredVideo | None:
+    """The sample's frame source (None when its stream did not keep the video)."""
+    if sample.video_bytes is None:
+        return None
+    video = sample.video
+    return StoredVideo(
+        sample.key,
+        sample.video_bytes,
+        video.fps,
+        video.total_num_frames,
+        settings.max_pixels,
+        settings.factor,
+    )
 
 
 @dataclass
@@ -79,15 +124,15 @@ def trace_target(
             num_frames=video.total_num_frames,
             frames_allowed=min(settings.budget.frames_per_call, settings.budget.frames_per_episode),
         )
-        frames = decode_frames(
-            sample.video_bytes, plan.frame_indices, settings.max_pixels, factor=settings.factor
-        )
-    except (RequestRejected, VideoDecodeError) as error:
+        source = stored_video(sample, settings)
+        assert source is not None
+        frames = source.read(plan.frame_indices)
+    except RequestRejected as error:
         log.warning(
             "sample %r: its tool trace cannot be served (%s); its direct target is taught", sample.key, error
         )
         return None
-    reply = tokenize_reply(processor, family, served_text(plan), (plan, frames.frames))
+    reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
     assert reply.pixel_values_videos is not None and reply.video_grid_thw is not None
     assert reply.second_per_grid is not None
     first = list(tokenizer(str(trace["first_turn"]), add_special_tokens=False)["input_ids"])

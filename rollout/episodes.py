@@ -8,11 +8,12 @@ saying there are no more, then one last turn). Token in, token out: each turn's 
 episode's own tokens so far (:meth:`core.episode.Episode.engine_prompt`), never re-tokenised
 text.
 
-A request's frames are decoded from the sample's video by the source the caller gives
-(:class:`EpisodeVideo`), tokenised into the reply by the model's processor and encoded once per
-step by the trainer's vision tower: a :class:`SegmentCache` keyed by the video and the frames'
-source indices serves the same span to every episode that asks for it, and the trainer's policy
-and reference passes reuse the same encodings (``Episode.segments``).
+A request's frames are decoded from the sample's video by its source
+(:class:`~core.frame_requests.FrameSource`, the datamodule's), tokenised into the reply by the
+model's processor and encoded once per step by the trainer's vision tower: a
+:class:`SegmentCache` keyed by the video and the frames' source indices serves the same span to
+every episode that asks for it, and the trainer's policy and reference passes reuse the same
+encodings (``Episode.segments``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from core.frame_requests import (
     CALL_CLOSE,
     EpisodeFrames,
     FrameBudget,
+    FrameSource,
     RequestRejected,
     rejected_text,
     request_body,
@@ -43,15 +45,27 @@ from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConf
 
 @dataclass(frozen=True)
 class EpisodeVideo:
-    """What the tool needs of one prompt's source video."""
+    """A :class:`~core.frame_requests.FrameSource` from a decoding function (what tests and
+    callers without a datamodule use)."""
 
     key: str
-    """Names the video (the sample key): with the frames' indices, the cache key of a segment."""
     source_fps: float
     num_frames: int
-    read: Callable[[Sequence[int]], np.ndarray]
-    """Decodes the given source frames (ascending) as ``(n, h, w, 3)`` uint8, sized for the model;
-    raises :class:`~core.frame_requests.RequestRejected` (``unreadable_frames``) when it cannot."""
+    decode: Callable[[Sequence[int]], np.ndarray]
+
+    def read(self, frame_indices: Sequence[int]) -> np.ndarray:
+        return self.decode(frame_indices)
+
+
+def frame_sources(meta: Sequence[dict[str, Any]]) -> list[FrameSource]:
+    """Each prompt's frame source from a batch's ``meta`` (the datamodule's, with ``tool_use``)."""
+    sources = [sample.get("frame_source") for sample in meta]
+    if any(source is None for source in sources):
+        raise ValueError(
+            "tool-use episodes read the frames a model asks for from each sample's video, but the batch "
+            "does not carry it: set data.init_args.tool_use: true"
+        )
+    return sources  # type: ignore[return-value]
 
 
 @dataclass
@@ -74,7 +88,7 @@ class FrameTool:
     """The trainer's vision tower: ``(pixel_values_videos, video_grid_thw) -> one encoding per video``."""
 
     def reply(
-        self, body: str, state: EpisodeFrames, video: EpisodeVideo, cache: SegmentCache
+        self, body: str, state: EpisodeFrames, video: FrameSource, cache: SegmentCache
     ) -> tuple[ReplyInputs, torch.Tensor | None, str | None]:
         """The reply to the request ``body``: its inputs, its segment's encoding (None for a
         rejection) and the rejection's reason (None when served)."""
@@ -159,7 +173,7 @@ def ends_with_request(episode: Episode, call_close_id: int) -> bool:
 def run_episodes(
     engine: RolloutEngine,
     requests: Sequence[RolloutRequest],
-    videos: Sequence[EpisodeVideo],
+    videos: Sequence[FrameSource],
     sampling: SamplingConfig,
     tool: FrameTool,
 ) -> tuple[list[list[Episode]], EpisodeStats]:
@@ -250,7 +264,7 @@ class EpisodeRollouts:
 def episode_rollouts(
     engine: RolloutEngine,
     requests: Sequence[RolloutRequest],
-    videos: Sequence[EpisodeVideo],
+    videos: Sequence[FrameSource],
     sampling: SamplingConfig,
     tool: FrameTool,
 ) -> EpisodeRollouts:
