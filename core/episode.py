@@ -82,6 +82,8 @@ class Episode:
     """Assistant turns sampled so far."""
     replies: int = 0
     """Tool replies so far (one per request answered, served or not)."""
+    served_frames: int = 0
+    """Source frames the replies held, all together."""
     finish_reason: str = ""
     """How the last turn ended: ``stop`` (end of turn or a request) or ``length``."""
 

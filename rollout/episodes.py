@@ -216,6 +216,7 @@ def run_episodes(
             if reason is not None:
                 stats.rejected[reason] += 1
             episode.add_reply(inputs.reply(embeds))
+            episode.served_frames = states[g][e].frames
             turns.append(TurnRequest(episode, requests[g].video))
         seed = None if sampling.seed is None else sampling.seed + round_index
         for (g, e), completion in zip(

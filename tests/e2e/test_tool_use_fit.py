@@ -110,3 +110,25 @@ def test_tool_use_refuses_a_setup_that_cannot_run(
         fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32", max_model_len=1024))
     with pytest.raises(ValueError, match="unknown settings"):
         RolloutCallback(engine=TransformersEngine(), tool_use={"max_call": 2})
+
+
+def test_validation_runs_tool_use_episodes(asking_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    from models.sft import SFTModule
+
+    module = SFTModule(str(asking_model_dir), max_new_tokens=8, val_tool_use={"max_calls": 1})
+    data = LongVideoReasonDataModule(
+        val_shards=str(synth_dir / "val-*.tar"),
+        processor_path=str(asking_model_dir),
+        num_frames=8,
+        batch_size=4,
+        num_workers=0,
+        tool_use=True,
+    )
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.validate(module, datamodule=data)
+    metrics = trainer.callback_metrics
+    # A malformed request, one too many, and a last turn that asks again: 3 requests, no frames
+    # served, so each answer saw the 8 overview frames only; none answers, none is right.
+    assert float(metrics["val/requests_per_answer"]) == 3.0
+    assert float(metrics["val/frames_per_answer"]) == 8.0
+    assert float(metrics["val/accuracy"]) == 0.0

@@ -108,6 +108,7 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     # Requests: 2 + 1 + 3 (the last one unanswered) + 0.
     assert (stats.requests, stats.served_frames, stats.cache_hits, stats.encoded_frames) == (6, 8, 1, 4)
     assert dict(stats.rejected) == {MALFORMED: 1, TOO_MANY_CALLS: 2}
+    assert [e.served_frames for e in group] == [4, 4, 0, 0]
     assert stats.unanswered == 1 and group[2].segments == [] and group[3].segments == []
     metrics = stats.metrics()
     assert metrics["tool/requests_per_episode"] == 6 / 4 and metrics["tool/rejected_malformed"] == 1
