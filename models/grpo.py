@@ -197,7 +197,9 @@ class GRPOModule(VLMModule):
         if settings.tool_use:
             if self.sequence_shard is not None:
                 problems.append(
-                    "tool-use rollouts with sequence parallelism: not yet (set sequence_parallel_size 1)"
+                    "tool-use rollouts with sequence parallelism: not yet (episode rows are scored "
+                    "sequence-parallel, but the rollouts are not shared out over the group); set "
+                    "sequence_parallel_size 1"
                 )
             if not self.hparams.freeze_vision:
                 problems.append(
@@ -395,9 +397,7 @@ class GRPOModule(VLMModule):
         per row, the video segments a tool put into its completion (tool-use rollouts).
         """
         if self.sequence_shard is not None:
-            if segment_embeds is not None:
-                raise NotImplementedError("sequence-parallel scoring of tool-use episodes: not yet")
-            embeddings = input_embeddings(model, scoring, video_embeds, self.device)
+            embeddings = input_embeddings(model, scoring, video_embeds, self.device, segment_embeds)
             # (Packed rows, no key/value cache: prompts are shared through checkpointed layers too.)
             return sequence_parallel_completion_logprobs(
                 model,
