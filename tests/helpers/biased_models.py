@@ -10,13 +10,14 @@ from transformers import AutoProcessor
 from models.loading import load_model
 
 
-def save_biased_model(model_dir: Path, out: Path, token: str) -> Path:
-    """A copy of ``model_dir`` in ``out`` that emits ``token`` next, 40 logits above the rest.
+def save_biased_model(model_dir: Path, out: Path, token: str, margin: float = 40.0) -> Path:
+    """A copy of ``model_dir`` in ``out`` that emits ``token`` next, ``margin`` logits above the
+    rest (40: always; about 0: as often as the likeliest other token).
 
     The last layer's value bias becomes large and its value weights zero: attention weights sum
     to 1, so every position gets the same large vector added (through ``o_proj``), and after
     the final norm every position's hidden state points the same way. The token's output row
-    is then set along that direction, 40 logits above the rest.
+    is then set along that direction, ``margin`` logits above the rest.
     """
     model = load_model(model_dir)
     processor = AutoProcessor.from_pretrained(model_dir)
@@ -34,7 +35,7 @@ def save_biased_model(model_dir: Path, out: Path, token: str) -> Path:
         assert torch.nn.functional.cosine_similarity(hidden, direction.expand_as(hidden)).min() > 0.999
         head = model.lm_head.weight
         others = head @ direction
-        head[token_id] = direction / direction.norm() ** 2 * (float(others.max()) + 40.0)
+        head[token_id] = direction / direction.norm() ** 2 * (float(others.max()) + margin)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
