@@ -42,5 +42,7 @@ echo "== GRPO with frame requests"
 echo "== held-out accuracy"
 "$lvrl" report compare --run "tool SFT=$run_dir/sft-tool-eval" --run "tool GRPO=$run_dir/grpo-tool-eval" \
   --run "dense SFT=$run_dir/sft-dense-eval" --out "$run_dir/accuracy.md"
+"$lvrl" report frames --run "tool SFT=$run_dir/sft-tool-eval" --run "tool GRPO=$run_dir/grpo-tool-eval" \
+  --run "dense SFT=$run_dir/sft-dense-eval" --out "$run_dir/accuracy_vs_frames.png"
 end=$(date +%s)
 echo "demo-zoom finished in $((end - start)) s"
