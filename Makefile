@@ -5,7 +5,7 @@ LVRL := $(VENV)/bin/lvrl
 STAMP := $(VENV)/.lvrl-setup
 DEMO_DIR ?= runs/demo
 
-.PHONY: setup setup-gpu demo test lint bench clean
+.PHONY: setup setup-gpu demo demo-zoom test lint bench clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,10 @@ setup-gpu:
 
 demo: setup
 	bash tools/demo.sh $(DEMO_DIR)
+
+# Frames on request: the zoom task, tool-trace SFT, dense SFT for comparison, GRPO with requests.
+demo-zoom: setup
+	bash tools/demo_zoom.sh runs/zoom
 
 # Two pytest workers, whole files each (module fixtures are built once, a file's tests run in
 # order), the longest files first (tests/conftest.py); each worker computes on one thread, so

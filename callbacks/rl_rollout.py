@@ -33,9 +33,14 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from core.frame_requests import FrameBudget
+from core.settings import settings_block
+from core.video import VideoEncoder
+from models.families import family_of
 from parallel.collectives import share_out
 from rewards.combine import RewardSpec, default_reward_specs
 from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.episodes import EpisodeRollouts, FrameTool, episode_rollouts, frame_sources
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
@@ -92,6 +97,12 @@ class RolloutCallback(Callback):
             dropped before the next is gathered: the sync's extra memory per device is the
             bucket, or one engine layer when a layer alone is larger (an embedding matrix).
             Logged as ``memory/weight_sync_peak_mb``.
+        tool_use: multi-turn rollouts in which the model may ask for the frames of a time span
+            (:mod:`rollout.episodes`; the syntax in :mod:`core.frame_requests`):
+            ``{max_calls, frames_per_call, frames_per_episode, default_fps}`` (defaults 3, 16,
+            32, 1.0). Frames are decoded from each sample's video (``data.init_args.
+            tool_use: true``) at the data's pixel budget; ``max_new_tokens`` bounds each
+            turn. Logged under ``tool/``. null: single-turn rollouts.
 
     Guardrails (:mod:`rollout.guardrails`), always on: the engine never samples the vision
     placeholders and markers, and a completion holding another special token the chat template
@@ -119,6 +130,7 @@ class RolloutCallback(Callback):
         seed: int | None = 0,
         rollout_timeout_s: float | None = None,
         weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
+        tool_use: dict[str, Any] | None = None,
     ) -> None:
         if engine is None:
             from rollout.vllm_engine import VLLMEngine
@@ -133,7 +145,9 @@ class RolloutCallback(Callback):
             filter_zero_variance,
             overlong=OverlongShaping.of(overlong),
             mask_truncated=mask_truncated,
+            tool_use=tool_use is not None,
         )
+        self.tool_budget = settings_block(FrameBudget, tool_use, "tool_use")
         self.dynamic_sampling = DynamicSampling.of(dynamic_sampling)
         self.engine = engine
         self.log_samples_every_n_steps = log_samples_every_n_steps
@@ -163,6 +177,8 @@ class RolloutCallback(Callback):
                 f"{type(pl_module).__name__} does not"
             )
         pl_module.check_experience(self.settings, self.engine)
+        if self.tool_budget is not None:
+            self._check_tool_use(trainer)
         if self.dynamic_sampling is not None and not callable(
             getattr(trainer.datamodule, "draw_train_batch", None)
         ):
@@ -222,6 +238,22 @@ class RolloutCallback(Callback):
         pad_token_id = pl_module.policy().tokenizer.pad_token_id
         length_multiple = shard.length_multiple if shard is not None else 1
 
+        episodes = None
+        if self.tool_budget is not None:
+            tool = self._frame_tool(trainer, pl_module, encode)
+
+            def episodes(
+                requests: list[RolloutRequest], sampling: SamplingConfig, meta: list[dict[str, Any]]
+            ) -> EpisodeRollouts:
+                sources = frame_sources(meta)
+
+                def on(engine: RolloutEngine) -> EpisodeRollouts:
+                    live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
+                    with live:
+                        return episode_rollouts(engine, requests, sources, sampling, tool)
+
+                return supervisor.run(on, step)
+
         def collect(prompts: PromptBatch, round_index: int) -> RolloutBatch:
             return collect_rollouts(
                 prompts,
@@ -233,6 +265,7 @@ class RolloutCallback(Callback):
                 length_multiple=length_multiple,
                 round_index=round_index,
                 forbidden_token_ids=self.forbidden_token_ids,
+                episodes=episodes,
             )
 
         started = time.perf_counter()
@@ -258,6 +291,28 @@ class RolloutCallback(Callback):
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
             self._write_samples(trainer, rounds)
         self._train_started = time.perf_counter()
+
+    def _check_tool_use(self, trainer: L.Trainer) -> None:
+        """Refuse a tool-use setup that could not run, before any training."""
+        assert self.tool_budget is not None
+        videos = getattr(self.engine, "videos_per_prompt", None)
+        if videos is not None and videos < self.tool_budget.max_calls + 1:
+            raise ValueError(
+                f"tool_use.max_calls={self.tool_budget.max_calls}: an episode holds up to "
+                f"{self.tool_budget.max_calls + 1} videos but the engine takes {videos} per prompt; set the "
+                f"engine's init_args.videos_per_prompt: {self.tool_budget.max_calls + 1}"
+            )
+        hparams = getattr(trainer.datamodule, "hparams", {})
+        if "tool_use" in hparams and not hparams["tool_use"]:
+            raise ValueError(
+                "the rollouts' tool_use needs questions that offer the tool and videos to serve frames "
+                "from: set data.init_args.tool_use: true"
+            )
+
+    def _frame_tool(self, trainer: L.Trainer, pl_module: Any, encode: VideoEncoder) -> FrameTool:
+        assert self.tool_budget is not None
+        family = family_of(pl_module.policy().model.config)
+        return FrameTool(self.tool_budget, trainer.datamodule.processor, family, encode)  # type: ignore[union-attr]
 
     @staticmethod
     def _draw_prompts(trainer: L.Trainer, pl_module: L.LightningModule) -> PromptBatch | None:

@@ -156,9 +156,16 @@ class ScoringBatch:
     completion_ids: torch.Tensor
     """``(batch, max_completion_len)``, right-padded with 0."""
     completion_mask: torch.Tensor
-    """``(batch, max_completion_len)``, 1.0 at real completion tokens."""
+    """``(batch, max_completion_len)``, 1.0 at the completion tokens the engine sampled (all real
+    ones of a single-turn rollout; a tool-use episode's replies are 0)."""
     prompt_of_row: list[int]
     """Index of each row's prompt: rows with the same index share the prompt and its video."""
+
+    def completion_lengths(self) -> list[int]:
+        """Tokens after each row's prompt. For a single-turn rollout every one is sampled and
+        ``completion_mask`` marks them all; in a tool-use episode the mask leaves out the tool's
+        replies (:func:`core.episode.episode_scoring_batch`)."""
+        return [int(self.attention_mask[i].sum()) - p for i, p in enumerate(self.prompt_lengths)]
 
     def select(self, rows: Sequence[int]) -> ScoringBatch:
         """The given rows, in that order (a micro-batch, or the rows that train); padding columns are kept."""

@@ -20,6 +20,7 @@ from core.layout import PromptLayout
 from datamodules.prompts import assistant_target, chat_messages
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
+from datamodules.tool_traces import ToolTraces, stored_video, trace_target
 from models.families import ModelFamily
 
 IGNORE_INDEX = -100
@@ -67,13 +68,14 @@ class TextTokenCounter:
     question).
     """
 
-    def __init__(self, processor: Any) -> None:
+    def __init__(self, processor: Any, tool_use: bool = False) -> None:
         self.processor = processor
+        self.tool_use = tool_use
 
     def __call__(self, row: QARow) -> tuple[int, int]:
         tokenizer = self.processor.tokenizer
         prompt = self.processor.apply_chat_template(
-            chat_messages(row), tokenize=False, add_generation_prompt=True
+            chat_messages(row, self.tool_use), tokenize=False, add_generation_prompt=True
         )
         target = assistant_target(row) + END_OF_TURN
         return (
@@ -97,8 +99,16 @@ class VideoQACollator:
     """
 
     def __init__(
-        self, processor: Any, *, with_targets: bool = True, family: ModelFamily | None = None
+        self,
+        processor: Any,
+        *,
+        with_targets: bool = True,
+        family: ModelFamily | None = None,
+        tool_traces: ToolTraces | None = None,
     ) -> None:
+        if tool_traces is not None and family is None:
+            raise ValueError("tool traces need the model's family (their replies are laid out by it)")
+        self.tool_traces = tool_traces
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.with_targets = with_targets
@@ -113,7 +123,9 @@ class VideoQACollator:
         """The processor's output for one sample, with ``second_per_grid_ts`` and (for a family
         that needs it) ``template_ids``: the prompt before the video was expanded."""
         prompt = self.processor.apply_chat_template(
-            chat_messages(sample.row), tokenize=False, add_generation_prompt=True
+            chat_messages(sample.row, self.tool_traces is not None),
+            tokenize=False,
+            add_generation_prompt=True,
         )
         metadata = [video_metadata(sample)]
         encoded = dict(
@@ -157,25 +169,13 @@ class VideoQACollator:
                     "num_frames": len(s.video.frame_indices),
                     "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,
+                    "frame_source": stored_video(s, self.tool_traces) if self.tool_traces else None,
                 }
                 for s in samples
             ],
         }
         if self.with_targets:
-            targets = [self.encode_target(s) for s in samples]
-            full = [torch.cat([p, t]) for p, t in zip(prompts, targets, strict=True)]
-            labels = [
-                torch.cat([torch.full_like(p, IGNORE_INDEX), t])
-                for p, t in zip(prompts, targets, strict=True)
-            ]
-            batch["input_ids"] = _pad(full, self.pad_id, "right")
-            batch["attention_mask"] = _pad([torch.ones_like(f) for f in full], 0, "right")
-            batch["labels"] = _pad(labels, IGNORE_INDEX, "right")
-            video_slots = [
-                torch.cat([p == self.video_token_id, torch.zeros_like(t, dtype=torch.bool)])
-                for p, t in zip(prompts, targets, strict=True)
-            ]
-            batch["video_mask"] = _pad(video_slots, 0, "right")
+            self._add_targets(batch, samples, prompts, encoded)
         if self.family is not None:
             rule = self.family.position_rule
             batch["prompts"] = [
@@ -185,3 +185,51 @@ class VideoQACollator:
                 for e in encoded
             ]
         return batch
+
+    def _add_targets(
+        self,
+        batch: dict[str, Any],
+        samples: Sequence[VideoQASample],
+        prompts: list[torch.Tensor],
+        encoded: list[dict[str, Any]],
+    ) -> None:
+        """The teacher-forcing layout: prompt + target per row, labels only on the target. A row
+        with a tool trace (``tool_traces``) has the trace's episode as its target, and then the
+        batch also carries the layout's videos in row order (``target_*`` keys: each row's prompt
+        video, then its reply's segment)."""
+        traces = [
+            trace_target(self.processor, self.family, s, self.tool_traces, self.end_of_turn)
+            if self.tool_traces is not None and self.family is not None
+            else None
+            for s in samples
+        ]
+        full, labels, video_slots = [], [], []
+        for prompt, sample, trace in zip(prompts, samples, traces, strict=True):
+            if trace is None:
+                target = self.encode_target(sample)
+                label = target
+                slots = torch.zeros_like(target, dtype=torch.bool)
+            else:
+                target = torch.tensor(trace.token_ids, dtype=torch.long)
+                label = target.masked_fill(~torch.tensor(trace.trained), IGNORE_INDEX)
+                slots = torch.tensor(trace.video_slots)
+            full.append(torch.cat([prompt, target]))
+            labels.append(torch.cat([torch.full_like(prompt, IGNORE_INDEX), label]))
+            video_slots.append(torch.cat([prompt == self.video_token_id, slots]))
+        batch["input_ids"] = _pad(full, self.pad_id, "right")
+        batch["attention_mask"] = _pad([torch.ones_like(f) for f in full], 0, "right")
+        batch["labels"] = _pad(labels, IGNORE_INDEX, "right")
+        batch["video_mask"] = _pad(video_slots, 0, "right")
+        if any(trace is not None for trace in traces):
+            pixels, grids, seconds = [], [], []
+            for e, trace in zip(encoded, traces, strict=True):
+                pixels.append(e["pixel_values_videos"])
+                grids.append(e["video_grid_thw"])
+                seconds.extend(float(t) for t in e["second_per_grid_ts"])
+                if trace is not None:
+                    pixels.append(trace.pixel_values_videos)
+                    grids.append(trace.video_grid_thw)
+                    seconds.append(trace.second_per_grid)
+            batch["target_pixel_values_videos"] = torch.cat(pixels)
+            batch["target_video_grid_thw"] = torch.cat(grids)
+            batch["target_second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)

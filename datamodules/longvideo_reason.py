@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoProcessor
 from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream, data_parallel_coordinates
+from datamodules.tool_traces import ToolTraces
 from models.families import ModelFamily, family_of
 from parallel.collectives import gather_from_all_ranks
 
@@ -64,6 +65,12 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         max_target_tokens: skip a sample whose CoT-SFT target (reasoning and answer) has more
             tokens than this (``data/skipped/target_too_long``; validation computes a loss on
             it too). null: no limit.
+        tool_use: questions for a model that may ask for frames (the frames tool's syntax is
+            added to each prompt, :data:`datamodules.prompts.TOOL_INSTRUCTION`); each sample's
+            encoded video stays in its batch (``meta["frame_source"]``: tool-use rollouts, the RL
+            callback's ``tool_use``, decode requested frames from it; it costs the batch's
+            videos' size in host memory while in use); and a row with a tool trace (the zoom
+            task's, :mod:`datamodules.tool_traces`) is taught as that episode in CoT-SFT.
 
     Frames per video are bounded by ``num_frames`` (every ``val_num_frames`` count and the
     ``sample_fps`` rate are capped by their own count): a longer video is sampled more
@@ -91,6 +98,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         worker_start_method: str = "spawn",
         max_prompt_tokens: int | None = 4096,
         max_target_tokens: int | None = 4096,
+        tool_use: bool = False,
     ) -> None:
         super().__init__()
         if sample_fps is not None and sample_fps <= 0:
@@ -174,11 +182,19 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             text_lengths=self._text_lengths(),
             max_prompt_tokens=self.hparams.max_prompt_tokens,
             max_target_tokens=self.hparams.max_target_tokens,
+            keep_video_bytes=self.hparams.tool_use,
         )
+
+    def _collator(self) -> VideoQACollator:
+        """Both layouts: SFT trains on prompt + target, RL samples from the prompt alone."""
+        traces = None
+        if self.hparams.tool_use:
+            traces = ToolTraces(self.hparams.max_pixels_per_frame, self.family.merged_patch_pixels)
+        return VideoQACollator(self.processor, with_targets=True, family=self.family, tool_traces=traces)
 
     def _text_lengths(self) -> TextTokenCounter | None:
         limited = self.hparams.max_prompt_tokens is not None or self.hparams.max_target_tokens is not None
-        return TextTokenCounter(self.processor) if limited else None
+        return TextTokenCounter(self.processor, self.hparams.tool_use) if limited else None
 
     def setup(self, stage: str) -> None:
         # Resolve shard lists now so a missing path or an empty glob fails before any training.
@@ -214,8 +230,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> EpochAwareDataLoader:
-        # Both layouts: SFT trains on prompt + target, RL samples from the prompt alone.
-        collator = VideoQACollator(self.processor, with_targets=True, family=self.family)
+        collator = self._collator()
         self._apply_resume_state(self.datasets["train"])
         self._train_loader = self._loader(
             self.datasets["train"], self.hparams.batch_size, collator, train=True
@@ -325,7 +340,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         log.info("resuming the data stream in epoch %d after %d samples", mine["epoch"], trained)
 
     def _eval_loader(self, dataset: VideoQAStream) -> EpochAwareDataLoader:
-        collator = VideoQACollator(self.processor, with_targets=True, family=self.family)
+        collator = self._collator()
         return self._loader(dataset, self.hparams.val_batch_size or self.hparams.batch_size, collator)
 
     def val_dataloader(self) -> EpochAwareDataLoader | list:

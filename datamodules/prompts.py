@@ -19,14 +19,23 @@ THINK_INSTRUCTION = (
 )
 
 
+TOOL_INSTRUCTION = (
+    "You may look closer before answering: to see the frames of a time span, write <tool_call>"
+    '{"name": "get_frames", "arguments": {"start": "mm:ss", "end": "mm:ss", "fps": 1}}</tool_call> '
+    "and wait for them."
+)
+"""The frames tool, as tool-use prompts describe it (:mod:`core.frame_requests` has the syntax)."""
+
+
 def _letters_hint(num_options: int) -> str:
     letters = list(OPTION_LETTERS[:num_options])
     listed = ", ".join(letters[:-1]) + f", or {letters[-1]}" if num_options > 1 else letters[0]
     return f"the letter of your choice ({listed})"
 
 
-def question_text(row: QARow) -> str:
-    """The user's text: instruction, question and lettered options.
+def question_text(row: QARow, tool_use: bool = False) -> str:
+    """The user's text: instruction (with the frames tool's when ``tool_use``), question and
+    lettered options.
 
     >>> from datamodules.rows import QARow
     >>> row = QARow("q", "v.mp4", "Which colour?", "multiple choice", "", "B", None, ("red", "blue"))
@@ -42,12 +51,16 @@ def question_text(row: QARow) -> str:
     else:
         hint = "your final answer"
         question = row.problem
-    return f"{THINK_INSTRUCTION.format(answer_hint=hint)}\n\nQuestion: {question}"
+    instruction = THINK_INSTRUCTION.format(answer_hint=hint)
+    if tool_use:
+        instruction = f"{instruction} {TOOL_INSTRUCTION}"
+    return f"{instruction}\n\nQuestion: {question}"
 
 
-def chat_messages(row: QARow) -> list[dict[str, Any]]:
+def chat_messages(row: QARow, tool_use: bool = False) -> list[dict[str, Any]]:
     """One user turn holding the video then the question (the processor expands the video)."""
-    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question_text(row)}]}]
+    text = question_text(row, tool_use)
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
 
 
 def assistant_target(row: QARow) -> str:

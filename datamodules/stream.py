@@ -67,6 +67,8 @@ class VideoQASample:
     """Dataloader worker that read the sample (0 without workers)."""
     position: int = 0
     """Index of the sample among the raw samples its worker read this epoch."""
+    video_bytes: bytes | None = None
+    """The encoded video itself, kept when tool-use rollouts decode more of it on request."""
 
 
 SKIP_REASONS: tuple[str, ...] = (
@@ -154,6 +156,8 @@ class VideoQAStream(IterableDataset):
             text tokens than this (the video's placeholder counts as one); None: no limit.
         max_target_tokens: skip (``target_too_long``) a sample whose SFT target (reasoning and
             answer) has more tokens than this; None: no limit.
+        keep_video_bytes: keep each sample's encoded video (``VideoQASample.video_bytes``), for
+            tool-use rollouts that decode the frames a model asks for.
 
     Text limits are checked before the video is decoded, so a sample they reject costs one
     tokenisation. The video's own tokens are bounded by ``num_frames`` and ``max_pixels``.
@@ -176,8 +180,10 @@ class VideoQAStream(IterableDataset):
         text_lengths: Callable[[QARow], tuple[int, int]] | None = None,
         max_prompt_tokens: int | None = None,
         max_target_tokens: int | None = None,
+        keep_video_bytes: bool = False,
     ) -> None:
         super().__init__()
+        self.keep_video_bytes = keep_video_bytes
         self.shards = list(shards)
         self.num_frames = num_frames
         self.max_pixels = max_pixels
@@ -272,7 +278,8 @@ class VideoQAStream(IterableDataset):
         except VideoDecodeError as err:
             self._reject(shard, key, "bad_video", f"bad video: {err}")
             return None
-        return VideoQASample(key=key, shard=shard, row=row, video=video)
+        kept = bytes(raw[video_ext]) if self.keep_video_bytes else None
+        return VideoQASample(key=key, shard=shard, row=row, video=video, video_bytes=kept)
 
     def _shuffled(self, samples: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         worker = get_worker_info()

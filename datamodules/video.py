@@ -243,10 +243,40 @@ def decode_video(
     with open_container(source) as container:
         stream, info = read_video_info(container)
         count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
-        indices = uniform_frame_indices(info.num_frames, count)
-        height, width = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
-        decoded = {
-            index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
-            for index, frame in frames_at(container, stream, info, indices)
-        }
+        return _decode_indices(
+            container, stream, info, uniform_frame_indices(info.num_frames, count), max_pixels, factor
+        )
+
+
+def decode_frames(
+    source: bytes | str | Path, frame_indices: Sequence[int], max_pixels: int, *, factor: int = PATCH_FACTOR
+) -> SampledVideo:
+    """Decode the given source frames (ascending, distinct: a frame request's plan), resized as
+    :func:`decode_video` does. Raises :class:`VideoDecodeError` as it does, and for an index
+    outside the video."""
+    indices = list(frame_indices)
+    if not indices or indices != sorted(set(indices)):
+        raise ValueError("frame indices must be distinct, ascending and at least one")
+    with open_container(source) as container:
+        stream, info = read_video_info(container)
+        if indices[0] < 0 or indices[-1] >= info.num_frames:
+            raise VideoDecodeError(
+                f"frames {indices[0]}..{indices[-1]} asked of a video of {info.num_frames}"
+            )
+        return _decode_indices(container, stream, info, indices, max_pixels, factor)
+
+
+def _decode_indices(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    info: VideoInfo,
+    indices: Sequence[int],
+    max_pixels: int,
+    factor: int,
+) -> SampledVideo:
+    height, width = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
+    decoded = {
+        index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
+        for index, frame in frames_at(container, stream, info, indices)
+    }
     return SampledVideo(np.stack([decoded[i] for i in indices]), info.fps, info.num_frames, tuple(indices))

@@ -44,7 +44,7 @@ many others are generated, and the same seed gives byte-identical rows and mp4 f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -402,19 +402,25 @@ def released_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def encoded_samples(
-    config: SynthConfig, split: str, count: int, *, workers: int = 1
+    config: Any,
+    split: str,
+    count: int,
+    *,
+    workers: int = 1,
+    encode: Callable[[Any, str, int], tuple[str, bytes, dict[str, Any]]] = encode_sample,
 ) -> Iterator[tuple[str, bytes, dict[str, Any]]]:
-    """Samples ``0 .. count-1`` of ``split``, in order, rendered and encoded by ``workers`` processes.
+    """Samples ``0 .. count-1`` of ``split``, in order, rendered and encoded by ``workers`` processes
+    (``encode``: a task's ``encode_sample``, this module's by default).
 
     Samples are independent, so the output is identical for any number of workers.
     """
     if workers <= 1:
         for index in range(count):
-            yield encode_sample(config, split, index)
+            yield encode(config, split, index)
         return
     import multiprocessing
     from functools import partial
 
     # Spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy in a bad state.
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        yield from pool.imap(partial(encode_sample, config, split), range(count), chunksize=8)
+        yield from pool.imap(partial(encode, config, split), range(count), chunksize=8)

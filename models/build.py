@@ -184,6 +184,11 @@ def _row_texts(row: Any) -> Iterator[str]:
     options = row.get("options")
     if isinstance(options, list | tuple):
         yield "\n".join(f"{'ABCDEFGH'[i % 8]}. {o}" for i, o in enumerate(options) if isinstance(o, str))
+    trace = row.get("tool_trace")  # the zoom task's: its requests' JSON is worth merges too
+    if isinstance(trace, dict):
+        for key in ("first_turn", "final_reasoning"):
+            if isinstance(trace.get(key), str):
+                yield trace[key]
 
 
 def build_model(

@@ -194,6 +194,18 @@ class GRPOModule(VLMModule):
                     self.compute_dtype,
                     self.correction,
                 )
+        if settings.tool_use:
+            if self.sequence_shard is not None:
+                problems.append(
+                    "tool-use rollouts with sequence parallelism: not yet (episode rows are scored "
+                    "sequence-parallel, but the rollouts are not shared out over the group); set "
+                    "sequence_parallel_size 1"
+                )
+            if not self.hparams.freeze_vision:
+                problems.append(
+                    "tool-use rollouts need model.init_args.freeze_vision: true (the tool's video segments "
+                    "are encoded once, without grad)"
+                )
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")
@@ -348,7 +360,9 @@ class GRPOModule(VLMModule):
         videos = rollout.video_embeds()
 
         def score(rows: list[int]) -> torch.Tensor:
-            return self._logprobs(reference, rollout.scoring.select(rows), videos)
+            return self._logprobs(
+                reference, rollout.scoring.select(rows), videos, None, rollout.segment_embeds(rows)
+            )
 
         with torch.no_grad():
             return [run_sharded(scope, lambda rows=rows: score(rows)) for rows in chunks]
@@ -362,7 +376,9 @@ class GRPOModule(VLMModule):
         videos = rollout.video_embeds()
 
         def score(rows: list[int]) -> torch.Tensor:
-            return self._logprobs(model, rollout.scoring.select(rows), videos)
+            return self._logprobs(
+                model, rollout.scoring.select(rows), videos, None, rollout.segment_embeds(rows)
+            )
 
         with torch.no_grad(), base_model(model):
             return [self.run_model(lambda rows=rows: score(rows)) for rows in chunks]
@@ -373,13 +389,15 @@ class GRPOModule(VLMModule):
         scoring: ScoringBatch,
         video_embeds: list[torch.Tensor | None],
         entropy: torch.Tensor | None = None,
+        segment_embeds: list[list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """Completion log-probs, with the sequence split across the group when the strategy set one.
 
-        ``video_embeds`` are per prompt, indexed like ``scoring.prompt_of_row``.
+        ``video_embeds`` are per prompt, indexed like ``scoring.prompt_of_row``; ``segment_embeds``
+        per row, the video segments a tool put into its completion (tool-use rollouts).
         """
         if self.sequence_shard is not None:
-            embeddings = input_embeddings(model, scoring, video_embeds, self.device)
+            embeddings = input_embeddings(model, scoring, video_embeds, self.device, segment_embeds)
             # (Packed rows, no key/value cache: prompts are shared through checkpointed layers too.)
             return sequence_parallel_completion_logprobs(
                 model,
@@ -391,7 +409,12 @@ class GRPOModule(VLMModule):
                 video_embeds=video_embeds,
             )
         return completion_logprobs(
-            model, scoring, video_embeds, entropy=entropy, share_prompts=self._shares_prompts(model)
+            model,
+            scoring,
+            video_embeds,
+            entropy=entropy,
+            share_prompts=self._shares_prompts(model),
+            segment_embeds=segment_embeds,
         )
 
     def _shares_prompts(self, model: torch.nn.Module) -> bool:
@@ -505,7 +528,8 @@ class GRPOModule(VLMModule):
         entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
         model = self.model
         assert model is not None
-        logprobs = self.run_model(lambda: self._logprobs(model, scoring, video_embeds, entropy=entropy))
+        segments = rollout.segment_embeds(rows)
+        logprobs = self.run_model(lambda: self._logprobs(model, scoring, video_embeds, entropy, segments))
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
 
     def _idle_pass(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:

@@ -25,6 +25,7 @@ def completion_logprobs(
     video_embeds: Sequence[torch.Tensor | None],
     entropy: torch.Tensor | None = None,
     share_prompts: bool = True,
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """``(batch, max_completion_len)`` log-probs of the completion tokens (0 where masked).
 
@@ -39,10 +40,18 @@ def completion_logprobs(
     keys and values are computed once and reused, with autograd, by each of its completions.
     For a long video the prompt is most of the sequence, so this cuts the forward and backward
     work by about G times; the log-probs equal the one-row-at-a-time ones up to float rounding.
+
+    ``segment_embeds`` (tool-use episodes, :func:`core.episode.episode_scoring_batch`): per row,
+    the encodings of the video segments the tool put into its completion, in order; the tokens
+    the tool wrote get log-prob 0 (``completion_mask`` leaves them out).
     """
     device = next(model.parameters()).device
     family = family_of(model.config)
-    embeddings = input_embeddings(model, batch, video_embeds, device)
+    if segment_embeds is not None and any(
+        family.split_encoding(e)[1] is not None for row in segment_embeds for e in row
+    ):
+        raise NotImplementedError(f"tool-use episodes of {family.name} (per-token visual features): not yet")
+    embeddings = input_embeddings(model, batch, video_embeds, device, segment_embeds)
     groups = first_row_of_prompt(batch) if share_prompts else []
     if len(set(groups)) < len(groups):
         first_logits, completion_logits = _shared_prompt_logits(
@@ -54,8 +63,7 @@ def completion_logprobs(
             model, family, batch, embeddings, visual, device
         )
     out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
-    for i in range(len(batch.prompt_lengths)):
-        n = int(batch.completion_mask[i].sum())
+    for i, n in enumerate(batch.completion_lengths()):
         if n == 0:
             continue
         step_logits = torch.cat([first_logits[i : i + 1], completion_logits[i, : n - 1]]).float()
@@ -65,7 +73,12 @@ def completion_logprobs(
         if entropy is not None:
             with torch.no_grad():
                 entropy[i, :n] = -(log_probs.exp() * log_probs).sum(-1)
-    return out
+    # Tokens a tool wrote into an episode are read, not sampled: no log-prob (exact no-op on
+    # single-turn rows, whose mask is 1 at every completion token).
+    mask = batch.completion_mask.to(device)
+    if entropy is not None:
+        entropy.mul_(mask)
+    return out * mask
 
 
 def first_row_of_prompt(batch: ScoringBatch) -> list[int]:
@@ -84,12 +97,18 @@ def input_embeddings(
     batch: ScoringBatch,
     video_embeds: Sequence[torch.Tensor | None],
     device: torch.device,
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """Token embeddings with each row's prompt's cached visual tokens in its video slots (the
-    placeholder part of each cached encoding, :meth:`models.families.ModelFamily.split_encoding`)."""
+    """Token embeddings with each row's cached visual tokens in its video slots: its prompt's,
+    then its tool segments' (the placeholder part of each cached encoding,
+    :meth:`models.families.ModelFamily.split_encoding`)."""
     embeddings = model.get_input_embeddings()(batch.input_ids.to(device))
-    rows_videos = [video_embeds[p] for p in batch.prompt_of_row]
-    present = [e for e in rows_videos if e is not None]
+    present = []
+    for row, prompt in enumerate(batch.prompt_of_row):
+        if video_embeds[prompt] is not None:
+            present.append(video_embeds[prompt])
+        if segment_embeds is not None:
+            present.extend(segment_embeds[row])
     if not present:
         return embeddings
     family = family_of(model.config)
@@ -191,7 +210,9 @@ def _shared_prompt_logits(
         [_pad_columns(batch.position_ids[:, i, s : s + width], width, dim=1) for i, s in enumerate(starts)],
         dim=1,
     )
-    attention_mask = torch.cat([prompt_mask[slot], batch.completion_mask.to(device).long()], dim=1)
+    lengths_after = torch.tensor(batch.completion_lengths()).unsqueeze(1)
+    completion_attention = (torch.arange(width).unsqueeze(0) < lengths_after).long().to(device)
+    attention_mask = torch.cat([prompt_mask[slot], completion_attention], dim=1)
     completion_pass = model(
         inputs_embeds=completion_embeds,
         attention_mask=attention_mask,

@@ -17,7 +17,9 @@ works unchanged on ours:
 
 We add the reasoning tags ``<think> </think> <answer> </answer>`` as (non-special) added tokens:
 each becomes one id, which shortens every CoT target, and they survive
-``decode(..., skip_special_tokens=True)`` so reward functions still see them.
+``decode(..., skip_special_tokens=True)`` so reward functions still see them. The tool tags
+``<tool_call> </tool_call> <tool_response> </tool_response>`` follow them, one id each as in
+Qwen2.5/Qwen3's tokenizers (the end of a call is where the engines stop for a frame request).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from collections.abc import Iterable, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+
+from core.frame_requests import TOOL_TAGS
 
 # Qwen2.5-VL's special tokens, in the order of the real vocabulary (151643 ... 151656).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -168,7 +172,7 @@ def train_tokenizer(
     before the bound (there is nothing left worth merging), so ``len(tokenizer)`` may be lower.
     Training is deterministic: the same texts give the same files.
     """
-    tags = [AddedToken(tag, special=False, normalized=False) for tag in REASONING_TAGS]
+    tags = [AddedToken(tag, special=False, normalized=False) for tag in (*REASONING_TAGS, *TOOL_TAGS)]
     if vocab_size < len(SPECIAL_TOKENS) + len(tags) + 256:
         raise ValueError(
             f"vocab_size {vocab_size} cannot hold the 256 bytes plus the special tokens and tags"

@@ -24,7 +24,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.device_mesh import DeviceMesh
 
 from core.failures import NonFiniteUpdates
+from core.frame_requests import FrameBudget
 from core.positions import mrope_position_ids
+from core.settings import settings_block
 from evaluation.evaluator import (
     Evaluator,
     ValidationResult,
@@ -45,6 +47,7 @@ from parallel.shard import SequenceShard
 from parallel.sharding import ShardingLayout, ShardingSettings, gathered, run_sharded, shard_model
 from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
+from rollout.episodes import FrameTool, episode_rollouts, frame_sources
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,19 @@ def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> li
         RolloutRequest(layout, layout.encoded_video(embeds))
         for layout, embeds in zip(batch["prompts"], videos, strict=True)
     ]
+
+
+def layout_videos(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The videos of the teacher-forcing rows, in row order: ``(pixel_values_videos,
+    video_grid_thw, second_per_grid_ts)``; with tool traces the replies' segments are among them
+    (the collator's ``target_*`` keys), else they are the prompts' videos."""
+    if "target_pixel_values_videos" in batch:
+        return (
+            batch["target_pixel_values_videos"],
+            batch["target_video_grid_thw"],
+            batch["target_second_per_grid_ts"],
+        )
+    return batch["pixel_values_videos"], batch["video_grid_thw"], batch["second_per_grid_ts"]
 
 
 def rank0_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
@@ -102,6 +118,11 @@ class VLMModule(L.LightningModule):
             ``{r: 16, alpha: 32, dropout: 0.0, target_modules: [q_proj, ..., down_proj],
             vision: false}``; the language model's projections by default, the base frozen).
             None: full fine-tuning.
+        val_tool_use: validate with tool-use episodes (the model may ask for frames,
+            :mod:`rollout.episodes`, the code rollouts run): ``{max_calls, frames_per_call,
+            frames_per_episode, default_fps}`` as the RL callback's ``tool_use``; the data needs
+            ``tool_use: true``. Logs ``val/requests_per_answer`` and ``val/frames_per_answer``
+            (the overview's frames plus those served). None: single-turn answers.
     """
 
     def __init__(
@@ -122,8 +143,12 @@ class VLMModule(L.LightningModule):
         attn_implementation: str | None = None,
         val_judge: dict[str, Any] | None = None,
         lora: dict[str, Any] | None = None,
+        val_tool_use: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        self.val_tool_budget = settings_block(FrameBudget, val_tool_use, "val_tool_use")
+        self._val_tool_counts: list[tuple[int, int]] = []
+        """Per answer of the current validation batch: (requests, served frames)."""
         self.lora_settings = LoraSettings.of(lora)
         """The LoRA adapters trained instead of the whole model (None: full fine-tuning)."""
         if self.lora_settings is not None and self.lora_settings.vision and freeze_vision:
@@ -307,8 +332,8 @@ class VLMModule(L.LightningModule):
         return mrope_position_ids(
             batch["video_mask"],
             batch["attention_mask"],
-            batch["video_grid_thw"],
-            batch["second_per_grid_ts"],
+            layout_videos(batch)[1],
+            layout_videos(batch)[2],
             spatial_merge_size=rule.spatial_merge_size,
             tokens_per_second=rule.tokens_per_second,
             temporal=rule.temporal,
@@ -320,13 +345,14 @@ class VLMModule(L.LightningModule):
         assert self.model is not None
         model = self.model
         positions = self.position_ids(batch)
+        pixels, grids, _ = layout_videos(batch)
         out = self.run_model(
             lambda: model(
                 input_ids=batch["input_ids"],
                 attention_mask=batch["attention_mask"],
                 position_ids=positions,
-                pixel_values_videos=batch["pixel_values_videos"],
-                video_grid_thw=batch["video_grid_thw"],
+                pixel_values_videos=pixels,
+                video_grid_thw=grids,
                 use_cache=False,
                 logits_to_keep=logits_to_keep,
             )
@@ -411,8 +437,23 @@ class VLMModule(L.LightningModule):
         with self.gathered_model() as model:  # ranks decode different numbers of tokens
             engine = TransformersEngine.for_model(model, self.processor.tokenizer)
             videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
-            results = engine.generate(validation_requests(batch, videos), sampling)
-        return [[c.text for c in result.completions] for result in results]
+            requests = validation_requests(batch, videos)
+            if self.val_tool_budget is None:
+                results = engine.generate(requests, sampling)
+                return [[c.text for c in result.completions] for result in results]
+            tool = FrameTool(
+                self.val_tool_budget,
+                self.processor,
+                self.family,
+                lambda pixels, grid: encode_videos(model, pixels, grid),
+            )
+            played = episode_rollouts(engine, requests, frame_sources(batch["meta"]), sampling, tool)
+        n = sampling.n
+        texts = [c.text for c in played.completions]
+        if n == 1:  # the greedy answers are the ones counted
+            frames = [e.served_frames for e in played.episodes]
+            self._val_tool_counts = list(zip(played.requests, frames, strict=True))
+        return [texts[k * n : (k + 1) * n] for k in range(len(requests))]
 
     @property
     def val_results(self) -> list[ValidationResult]:
@@ -431,7 +472,19 @@ class VLMModule(L.LightningModule):
         self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._val_tool_counts = []
         self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
+        if self._val_tool_counts:
+            size = len(self._val_tool_counts)
+            overview = [int(m.get("num_frames", 0)) for m in batch["meta"]]
+            requests = sum(r for r, _ in self._val_tool_counts) / size
+            frames = sum(o + f for o, (_, f) in zip(overview, self._val_tool_counts, strict=True)) / size
+            self.log(
+                "val/requests_per_answer", requests, batch_size=size, sync_dist=True, add_dataloader_idx=False
+            )
+            self.log(
+                "val/frames_per_answer", frames, batch_size=size, sync_dist=True, add_dataloader_idx=False
+            )
         if "labels" in batch and dataloader_idx == primary_loader(self.trainer.datamodule):
             loss = self.token_mean_loss(batch)
             size = len(batch["meta"])

@@ -142,7 +142,8 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
     packed_positions = torch.zeros(3, rows, width, dtype=batch.position_ids.dtype)
     packed_targets = torch.zeros(rows, width, dtype=torch.long)
     packed_segments = torch.full((rows, width), PADDING, dtype=torch.long)
-    # Video slots lie in the shared prompt only (completions and the prompt's last token are text).
+    # Video slots of the shared prompt (a tool-use episode's segments, in its completion, carry no
+    # per-visual-token features here: a family with them refuses such rows).
     packed_visual = torch.zeros(rows, width, dtype=torch.bool)
     for row, (row_embeddings, row_positions, row_targets, row_segments) in enumerate(pieces):
         length = len(row_targets)
@@ -165,5 +166,6 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
 
 
 def completion_count(batch: ScoringBatch, row: int) -> int:
-    """Real completion tokens of ``row``."""
-    return int(batch.completion_mask[row].sum())
+    """Tokens after ``row``'s prompt (a tool-use episode's replies included: they are scored
+    where they stand, and ``completion_mask`` leaves them out afterwards)."""
+    return int(batch.attention_mask[row].sum()) - batch.prompt_lengths[row]

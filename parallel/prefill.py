@@ -89,6 +89,12 @@ def sequence_parallel_completion_logprobs(
     family with per-visual-token features (Qwen3-VL's DeepStack): each rank injects those of
     its own positions' visual tokens.
     """
+    family = family_of(model.config)
+    episode_rows = any(bool(batch.video_mask[i, p:].any()) for i, p in enumerate(batch.prompt_lengths))
+    if episode_rows and video_embeds is not None and any(
+        e is not None and family.split_encoding(e)[1] is not None for e in video_embeds
+    ):
+        raise NotImplementedError(f"tool-use episodes of {family.name} (per-token visual features): not yet")
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
     device = embeddings.device
@@ -110,7 +116,6 @@ def sequence_parallel_completion_logprobs(
     # the pass. A rank holding only prompt positions keeps none.
     keep = torch.nonzero(mine >= min(first for _, first, _ in scoring.spans)).squeeze(1)
     segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
-    family = family_of(model.config)
     extra = None if video_embeds is None else family.visual_extras(batch, video_embeds, scoring.source_rows)
     visual = None
     if extra is not None:
@@ -145,7 +150,11 @@ def sequence_parallel_completion_logprobs(
         out[i, :n] = per_position[row, first : first + n]
         if entropy is not None:
             entropy[i, :n] = entropy_per_position[row, first : first + n]
-    return out
+    # A tool-use episode's replies were read, not sampled: no log-prob (a no-op on single-turn rows).
+    mask = batch.completion_mask.to(device)
+    if entropy is not None:
+        entropy.mul_(mask)
+    return out * mask
 
 
 def sum_gradients_over(parameters: Sequence[torch.nn.Parameter], group: dist.ProcessGroup) -> None:

@@ -341,3 +341,19 @@ def accuracy_reward(
         else:
             scores.append(_exact_score(completion, key))
     return scores
+
+
+@register("frame_requests")
+def frame_requests_reward(
+    completions: Sequence[str], *, frame_requests: Sequence[int] | None = None, **_: Any
+) -> list[float]:
+    """The number of frame requests the episode made (0 for a single-turn rollout): with a
+    negative weight, a cost per request (``- {name: frame_requests, weight: -0.05}``), so that
+    the model looks only where it needs to.
+
+    >>> frame_requests_reward(["a", "b"], frame_requests=[0, 2])
+    [0.0, 2.0]
+    """
+    if frame_requests is None:
+        return [0.0 for _ in completions]
+    return [float(count) for count in frame_requests]

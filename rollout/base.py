@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from core.episode import Episode
 from core.layout import PromptLayout
 from core.video import VideoEmbedding
 
@@ -34,6 +35,8 @@ class SamplingConfig:
         top_p: nucleus sampling mass.
         max_new_tokens: generation budget per completion.
         seed: base seed of the sampler (None: nondeterministic).
+        stop_tokens: tokens that end a turn besides the end of turn itself (a tool-use episode's
+            ``</tool_call>``: the turn stops at its request), kept as the turn's last token.
     """
 
     n: int = 8
@@ -41,6 +44,7 @@ class SamplingConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    stop_tokens: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.max_new_tokens < 1:
@@ -56,6 +60,26 @@ class RolloutRequest:
     layout: PromptLayout
     video: VideoEmbedding | None = None
     """The prompt's video, encoded (None for a text-only prompt)."""
+
+
+@dataclass
+class TurnRequest:
+    """The next assistant turn of a tool-use episode: everything so far is its prompt."""
+
+    episode: Episode
+    video: VideoEmbedding | None = None
+    """The episode prompt's own video, encoded (the segments are in the episode)."""
+
+    def videos(self) -> list[VideoEmbedding]:
+        """The sequence's videos in the order of its placeholders."""
+        return ([self.video] if self.video is not None else []) + list(self.episode.segments)
+
+    def token_ids(self) -> list[int]:
+        """The whole sequence so far, videos expanded."""
+        return self.episode.prompt.token_ids.tolist() + self.episode.token_ids
+
+    def video_slots(self) -> list[bool]:
+        return self.episode.prompt.video_slots.tolist() + self.episode.video_slots
 
 
 @dataclass
@@ -111,6 +135,11 @@ class RolloutEngine(ABC):
     @abstractmethod
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
         """``sampling.n`` completions per request, one result per request, in request order."""
+
+    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
+        """One next turn per episode (``sampling.n`` is not used), in request order: the
+        continuation of multi-turn tool-use episodes (:mod:`rollout.episodes`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run multi-turn episodes")
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

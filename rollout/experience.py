@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
+from core.episode import Episode, episode_scoring_batch
 from core.layout import PromptLayout, ScoringBatch, pad_rows
 from core.video import VideoEmbedding, VideoEncoder
 from parallel.shard import SequenceShard
@@ -30,6 +31,7 @@ from rewards.parsing import follows_format, response_choice
 from rewards.registry import SAMPLE_FIELDS
 from rollout.advantages import ADVANTAGE_ESTIMATORS, zero_variance_rows
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.episodes import EpisodeRollouts, EpisodeStats, merged_tool_stats
 from rollout.guardrails import rejected_rows
 from rollout.shaping import OverlongShaping, overlong_penalties
 
@@ -38,6 +40,9 @@ if TYPE_CHECKING:  # the consumer protocol's annotations only
 
 Generator = Callable[[list[RolloutRequest], SamplingConfig], list[RolloutResult]]
 """The engine's ``generate`` (possibly supervised, or shared out over sequence-parallel peers)."""
+EpisodeRunner = Callable[[list[RolloutRequest], SamplingConfig, list[dict[str, Any]]], EpisodeRollouts]
+"""Tool-use episodes of the requests (given the prompts' ``meta``, where their videos are):
+:func:`rollout.episodes.episode_rollouts` with the engine, the sources and the tool bound."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,19 @@ class ExperienceSettings:
     """DAPO's soft overlong penalty, added to the reward (:mod:`rollout.shaping`); None: none."""
     mask_truncated: bool = False
     """Leave completions that ran out of budget out of the loss (DAPO's overlong filtering)."""
+    tool_use: bool = False
+    """Rollouts are tool-use episodes (:mod:`rollout.episodes`): the module scores their replies' segments."""
 
     def __post_init__(self) -> None:
         problem = settings_problem(self.advantage, self.sampling.n)
         if problem:
             raise ValueError(problem)
         if self.overlong is not None:
+            if self.tool_use:
+                raise ValueError(
+                    "overlong shaping of multi-turn tool-use episodes: not yet (max_new_tokens bounds "
+                    "each turn; set overlong: null)"
+                )
             self.overlong.check_budget(self.sampling.max_new_tokens)
 
     @property
@@ -148,9 +160,21 @@ class RolloutBatch:
     rejected: torch.Tensor | None = None
     """``(rows,)`` bool: the completion holds a special token the template forbids
     (:mod:`rollout.guardrails`); None where nothing was checked."""
+    episodes: list[Episode] | None = None
+    """Tool-use rollouts: each row's episode (its turns and the tool's replies, which the scoring
+    rows hold; ``completions`` hold what the model wrote); None for single-turn rollouts."""
+    tool_stats: EpisodeStats | None = None
+    """What the frames tool did for these rollouts (tool-use rollouts only)."""
 
     def __len__(self) -> int:
         return len(self.completions)
+
+    def segment_embeds(self, rows: Sequence[int]) -> list[list[torch.Tensor]] | None:
+        """The video segments the tool put into each of ``rows`` (their cached encodings, in
+        order); None for single-turn rollouts."""
+        if self.episodes is None:
+            return None
+        return [[segment.embeds for segment in self.episodes[row].segments] for row in rows]
 
     def video_embeds(self) -> list[torch.Tensor]:
         """Each prompt's cached encoding, indexed like ``scoring.prompt_of_row``."""
@@ -199,24 +223,31 @@ def collect_rollouts(
     length_multiple: int = 1,
     round_index: int = 0,
     forbidden_token_ids: Collection[int] = frozenset(),
+    episodes: EpisodeRunner | None = None,
 ) -> RolloutBatch:
     """Scored rollouts of ``prompts`` (see the module docstring); ``length_multiple`` pads the
     scoring rows for a sequence-parallel group of that size; ``round_index`` is the sampling
     round within the step (dynamic sampling: :mod:`rollout.refill`); a completion holding one of
-    ``forbidden_token_ids`` does not train (:mod:`rollout.guardrails`)."""
+    ``forbidden_token_ids`` does not train (:mod:`rollout.guardrails`). With ``episodes`` the
+    rollouts are tool-use episodes (:mod:`rollout.episodes`; ``generate`` is not used)."""
     with torch.no_grad():
         encoded = encode(prompts.pixel_values_videos, prompts.video_grid_thw)
     videos = [layout.encoded_video(embeds) for embeds, layout in zip(encoded, prompts.layouts, strict=True)]
     requests = [RolloutRequest(layout, video) for layout, video in zip(prompts.layouts, videos, strict=True)]
     sampling = settings.sampling_at(step, round_index)
-    results = generate(requests, sampling)
+    played: EpisodeRollouts | None = None
+    if episodes is None:
+        completions = [c for result in generate(requests, sampling) for c in result.completions]
+    else:
+        played = episodes(requests, sampling, prompts.meta)
+        completions = played.completions
     g = sampling.n
-    completions = [c for result in results for c in result.completions]
     if len(completions) != len(prompts) * g:
         raise RuntimeError(f"the engine returned {len(completions)} completions for {len(prompts)} x {g}")
     prompt_of_row = [k for k in range(len(prompts)) for _ in range(g)]
     texts = [c.text for c in completions]
     fields = {name: [prompts.meta[k][name] for k in prompt_of_row] for name in SAMPLE_FIELDS}
+    fields["frame_requests"] = played.requests if played is not None else [0] * len(completions)
     breakdown = compute_rewards(list(settings.rewards), texts, fields)
     if settings.overlong is not None:
         lengths = [len(c.token_ids) for c in completions]
@@ -231,14 +262,10 @@ def collect_rollouts(
         row_mask = row_mask * torch.tensor([c.finish_reason != "length" for c in completions]).float()
     rejected = torch.tensor(rejected_rows(completions, forbidden_token_ids), dtype=torch.bool)
     row_mask = row_mask * (~rejected).float()
-    scoring = ScoringBatch.from_layouts(
-        prompts.layouts,
-        [c.token_ids for c in completions],
-        prompt_of_row,
-        pad_token_id=pad_token_id,
-        length_multiple=length_multiple,
+    rows = played.episodes if played is not None else None
+    scoring, old_logprobs = scoring_rows(
+        prompts.layouts, completions, rows, prompt_of_row, pad_token_id, length_multiple
     )
-    old_logprobs, _ = pad_rows([c.logprobs for c in completions], torch.float32)
     return RolloutBatch(
         prompts,
         videos,
@@ -251,7 +278,35 @@ def collect_rollouts(
         row_mask,
         g,
         rejected,
+        rows,
+        played.stats if played is not None else None,
     )
+
+
+def scoring_rows(
+    layouts: Sequence[PromptLayout],
+    completions: Sequence[Completion],
+    episodes: Sequence[Episode] | None,
+    prompt_of_row: Sequence[int],
+    pad_token_id: int,
+    length_multiple: int,
+) -> tuple[ScoringBatch, torch.Tensor]:
+    """The policy pass's rows and the engine's log-probs aligned with their completion columns:
+    ``prompt + completion``, or for tool-use rollouts ``prompt + episode`` (the tool's replies
+    in place, with no log-prob)."""
+    if episodes is None:
+        scoring = ScoringBatch.from_layouts(
+            layouts,
+            [c.token_ids for c in completions],
+            prompt_of_row,
+            pad_token_id=pad_token_id,
+            length_multiple=length_multiple,
+        )
+        return scoring, pad_rows([c.logprobs for c in completions], torch.float32)[0]
+    scoring = episode_scoring_batch(
+        episodes, prompt_of_row, pad_token_id=pad_token_id, length_multiple=length_multiple
+    )
+    return scoring, pad_rows([e.logprobs for e in episodes], torch.float32)[0]
 
 
 def rollout_metrics(*batches: RolloutBatch) -> dict[str, float]:
@@ -280,6 +335,9 @@ def rollout_metrics(*batches: RolloutBatch) -> dict[str, float]:
     flat = torch.cat([batch.zero_variance for batch in batches])
     metrics["rollout/zero_variance_group_fraction"] = float(flat.float().mean())
     metrics["rollout/truncated_fraction"] = sum(c.finish_reason == "length" for c in completions) / n
+    tool = merged_tool_stats([batch.tool_stats for batch in batches])
+    if tool is not None:
+        metrics.update(tool.metrics())
     if all(batch.rejected is not None for batch in batches):
         metrics["rollout/rejected_special_tokens"] = float(sum(int(b.rejected.sum()) for b in batches))  # type: ignore[union-attr]
     return metrics
@@ -321,14 +379,14 @@ def select_groups(
         return torch.stack([getattr(rounds[r], field)[i] for r, i in rows])
 
     prompt_of_row = [k for k in range(len(picks)) for _ in range(g)]
-    scoring = ScoringBatch.from_layouts(
-        layouts,
-        [c.token_ids for c in completions],
-        prompt_of_row,
-        pad_token_id=pad_token_id,
-        length_multiple=length_multiple,
+    episodes = None
+    if all(r.episodes is not None for r in rounds):
+        episodes = [rounds[r].episodes[i] for r, i in rows]  # type: ignore[index]
+    elif any(r.episodes is not None for r in rounds):
+        raise ValueError("cannot select groups from tool-use and single-turn rounds together")
+    scoring, old_logprobs = scoring_rows(
+        layouts, completions, episodes, prompt_of_row, pad_token_id, length_multiple
     )
-    old_logprobs, _ = pad_rows([c.logprobs for c in completions], torch.float32)
     prompt_batch = PromptBatch(layouts, meta, torch.cat(pixels), torch.stack(grids))
     return RolloutBatch(
         prompt_batch,
@@ -342,6 +400,8 @@ def select_groups(
         stacked("row_mask"),
         g,
         stacked("rejected") if all(r.rejected is not None for r in rounds) else None,
+        episodes,
+        None,  # what the tool did is logged per sampling round (rollout_metrics)
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from core.video import VideoEmbedding
 from models.families import VisualFeatures, family_of
 from rollout.base import (
     Completion,
@@ -22,6 +23,7 @@ from rollout.base import (
     RolloutRequest,
     RolloutResult,
     SamplingConfig,
+    TurnRequest,
 )
 from rollout.guardrails import STOP_TOKENS, banned_token_ids
 
@@ -76,25 +78,33 @@ class TransformersEngine(RolloutEngine):
         self.banned = torch.tensor(banned_token_ids(policy.model.config, policy.tokenizer), dtype=torch.long)
 
     @torch.no_grad()
-    def _generate_one(
-        self, request: RolloutRequest, sampling: SamplingConfig, seed: int | None
-    ) -> RolloutResult:
+    def _complete(
+        self,
+        prompt: list[int],
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        videos: Sequence[VideoEmbedding],
+        n: int,
+        sampling: SamplingConfig,
+        seed: int | None,
+    ) -> list[Completion]:
+        """``n`` completions of ``prompt`` (videos expanded; ``slots`` marks their placeholders,
+        filled with ``videos`` in order), prefilled once at ``positions``."""
         model = self.model
         assert model is not None, "TransformersEngine.start was not called"
         device = next(model.parameters()).device
-        layout, video = request.layout, request.video
-        prompt = layout.token_ids.tolist()
-        n = sampling.n
         ids = torch.tensor([prompt] * n, device=device)
         embeddings = model.get_input_embeddings()(ids)
         family = family_of(model.config)
         visual = None
-        if video is not None:
-            slots = layout.video_slots.to(device).expand(n, -1)
-            placeholders, extra = family.split_encoding(video.embeds.to(device))
+        if videos:
+            slots = slots.to(device).expand(n, -1)
+            parts = [family.split_encoding(video.embeds.to(device)) for video in videos]
+            placeholders = torch.cat([placeholder for placeholder, _ in parts])
             cached = placeholders.to(dtype=embeddings.dtype).repeat(n, 1)
             embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), cached)
-            if extra is not None:  # per-visual-token features (DeepStack), injected in the prefill
+            if parts[0][1] is not None:  # per-visual-token features (DeepStack), injected in the prefill
+                extra = torch.cat([features for _, features in parts])
                 visual = VisualFeatures(slots, extra.repeat(n, 1))
         attention = torch.ones(n, len(prompt), dtype=torch.long, device=device)
         out = family.forward(
@@ -102,12 +112,13 @@ class TransformersEngine(RolloutEngine):
             visual=visual,
             inputs_embeds=embeddings,
             attention_mask=attention,
-            position_ids=layout.positions.to(device).unsqueeze(1).expand(3, n, -1),
+            position_ids=positions.to(device).unsqueeze(1).expand(3, n, -1),
             use_cache=True,
         )
+        stop_ids = self.stop_ids | {self.tokenizer.convert_tokens_to_ids(t) for t in sampling.stop_tokens}
         generator = torch.Generator(device=device)
         generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**31, (1,))))
-        next_position = layout.next_position
+        next_position = int(positions.max()) + 1 if len(prompt) else 0
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         done = [False] * n
@@ -124,7 +135,7 @@ class TransformersEngine(RolloutEngine):
                 if not done[i]:
                     tokens[i].append(int(chosen[i]))
                     logprobs[i].append(float(chosen_logprobs[i]))
-                    done[i] = int(chosen[i]) in self.stop_ids
+                    done[i] = int(chosen[i]) in stop_ids
             if all(done):
                 break
             attention = torch.cat([attention, torch.ones(n, 1, dtype=torch.long, device=device)], dim=1)
@@ -138,25 +149,58 @@ class TransformersEngine(RolloutEngine):
             )
             logits, past = out.logits[:, -1], out.past_key_values
             next_position += 1
-        completions = [
+        return [
             Completion(
                 t,
                 lp,
                 self.tokenizer.decode(t, skip_special_tokens=True),
-                "stop" if t and t[-1] in self.stop_ids else "length",
+                "stop" if t and t[-1] in stop_ids else "length",
             )
             for t, lp in zip(tokens, logprobs, strict=True)
         ]
-        return RolloutResult(completions)
 
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
         assert self.model is not None, "TransformersEngine.start was not called"
         was_training = self.model.training
         self.model.eval()
         try:
+            results = []
+            for i, request in enumerate(requests):
+                layout = request.layout
+                videos = [request.video] if request.video is not None else []
+                seed = None if sampling.seed is None else sampling.seed + i
+                completions = self._complete(
+                    layout.token_ids.tolist(),
+                    layout.video_slots,
+                    layout.positions,
+                    videos,
+                    sampling.n,
+                    sampling,
+                    seed,
+                )
+                results.append(RolloutResult(completions))
+            return results
+        finally:
+            self.model.train(was_training)
+
+    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
+        """The next turn of each episode, one episode at a time (each has its own videos)."""
+        assert self.model is not None, "TransformersEngine.start was not called"
+        rule = family_of(self.model.config).position_rule
+        was_training = self.model.training
+        self.model.eval()
+        try:
             return [
-                self._generate_one(r, sampling, None if sampling.seed is None else sampling.seed + i)
-                for i, r in enumerate(requests)
+                self._complete(
+                    request.token_ids(),
+                    torch.tensor(request.video_slots()),
+                    request.episode.positions(rule),
+                    request.videos(),
+                    1,
+                    sampling,
+                    None if sampling.seed is None else sampling.seed + i,
+                )[0]
+                for i, request in enumerate(requests)
             ]
         finally:
             self.model.train(was_training)

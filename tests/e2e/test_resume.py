@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.biased_models import save_biased_model
 from helpers.cli import PROBES_ENV, REPO_ROOT, run_lvrl
-from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config
+from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config, tool_grpo_config
 from helpers.runs import steps_of, weights_of
 from helpers.tolerances import assert_identical
 
@@ -251,3 +252,30 @@ def test_a_grpo_run_with_refill_rounds_resumes_exactly(tmp_path, synth_dir, tiny
     ours, theirs = weights_of(killed), weights_of(whole)
     for name in theirs:
         assert_identical(ours[name], theirs[name], reason=f"refill {name} weights, resumed")
+
+
+def test_a_tool_use_grpo_run_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
+    # Episodes of a model that stops at a request about one token in five: the turns, the tool's
+    # replies, each round's seeds and the engine's log-probs must all come out the same after a
+    # SIGKILL in step 3 and a resume from the step-2 checkpoint.
+    model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>", margin=0.0)
+    whole = tmp_path / "whole"
+    run_lvrl(
+        "fit", "--config", str(tool_grpo_config(tmp_path, whole, synth_dir, model_dir, 4, "train-*.tar"))
+    )
+    expected = steps_of(whole)
+    requests = [expected[s]["tool_requests"] for s in range(1, 5)]
+    assert all(r is not None and r > 0 for r in requests) and len(set(requests)) > 1, requests
+    killed = tmp_path / "killed"
+    config = tool_grpo_config(tmp_path, killed, synth_dir, model_dir, 4, "train-*.tar")
+    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
+    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
+    got = steps_of(killed)
+    assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
+    for step in expected:
+        assert got[step]["keys"] == expected[step]["keys"], f"step {step} keys"
+        for field in ("rollout_logprob_sum", "loss", "reward", "tool_requests"):
+            assert_identical(got[step][field], expected[step][field], reason=f"tool-use step {step} {field}")
+    ours, theirs = weights_of(killed), weights_of(whole)
+    for name in theirs:
+        assert_identical(ours[name], theirs[name], reason=f"tool-use {name} weights, resumed")

@@ -113,3 +113,19 @@ def refill_grpo_config(
     ]
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def tool_grpo_config(
+    tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path, max_steps: int, train_shards: str
+) -> Path:
+    """:func:`grpo_config` with tool-use episodes (at most 2 requests, vLLM taking 3 videos a
+    prompt) for a model that writes ``</tool_call>`` often (``helpers.biased_models``): each turn
+    may stop at a request, and episodes differ in turns and lengths."""
+    path = grpo_config(tmp_path, run_dir, synth_dir, model_dir, max_steps, train_shards)
+    config = yaml.safe_load(path.read_text())
+    rollout = config["trainer"]["callbacks"][0]
+    rollout["init_args"]["tool_use"] = {"max_calls": 2, "frames_per_call": 4, "frames_per_episode": 8}
+    rollout["init_args"]["engine"]["init_args"]["videos_per_prompt"] = 3
+    config["data"]["init_args"]["tool_use"] = True
+    path.write_text(yaml.safe_dump(config))
+    return path

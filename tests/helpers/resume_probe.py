@@ -62,6 +62,7 @@ class StepRecorder(L.Callback):
         loss = metrics.get("train/loss")  # both modules log it every step
         reward = metrics.get("reward/total_mean")
         rounds = metrics.get("sampling/rounds")
+        requests = metrics.get("tool/requests_per_episode")
         record = {
             "step": trainer.global_step,
             "keys": self._keys,
@@ -72,6 +73,7 @@ class StepRecorder(L.Callback):
             "rollout_logprob_sum": self._rollout,
             "trained_keys": self._trained_keys,
             "rounds": int(rounds) if rounds is not None else None,
+            "tool_requests": float(requests) if requests is not None else None,
         }
         # One file per rank (ranks train on different samples): steps.jsonl, steps.jsonl.rank1, ...
         out = self.out if trainer.global_rank == 0 else f"{self.out}.rank{trainer.global_rank}"

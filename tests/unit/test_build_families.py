@@ -21,6 +21,7 @@ import pytest
 import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 
+from core.frame_requests import TOOL_TAGS
 from models.build import PRESETS, build_model, build_model_dir, count_parameters
 from models.loading import load_model, load_processor
 from models.presets import DEFAULT_FAMILY, FAMILIES
@@ -101,6 +102,14 @@ def test_every_family_is_listed_with_its_recipe() -> None:
 @pytest.mark.parametrize("preset", ["tiny", "small"])
 def test_default_family_builds_what_it_built_before_families(tmp_path: Path, preset: str) -> None:
     out = build_model_dir(preset, tmp_path / preset, seed=0)
+    # Since then the tokenizer has four more added tokens, the tool tags, after all the others
+    # (so no earlier id moved): the file without them is the one built then.
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    added = tokenizer["added_tokens"]
+    assert [t["content"] for t in added[-4:]] == list(TOOL_TAGS)
+    assert [t["id"] for t in added[-5:]] == list(range(added[-5]["id"], added[-5]["id"] + 5))
+    tokenizer["added_tokens"] = added[:-4]
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
     assert {p.name: _digest(p) for p in sorted(out.iterdir())} == DEFAULT_FAMILY_DIGESTS[preset]
 
 

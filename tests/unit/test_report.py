@@ -255,3 +255,38 @@ def test_each_problem_type_is_compared_on_its_own(tmp_path: Path, capsys) -> Non
     # Only B judged open-ended answers: nothing to pair, no line; unscored answers never count.
     assert "open-ended (judged) questions" not in out
     assert last_predictions(tmp_path / "after") == {"m0": True, "m1": True}
+
+
+def test_frames_report_puts_tool_use_and_a_frame_sweep_on_one_axis(tmp_path: Path, capsys) -> None:
+    tool, dense = tmp_path / "tool", tmp_path / "dense"
+    write_log(
+        tool,
+        0,
+        [{"step": 1, "val/accuracy": 0.62, "val/frames_per_answer": 31.5, "val/requests_per_answer": 1.02}],
+    )
+    write_log(
+        dense,
+        0,
+        [
+            {
+                "step": 1,
+                "val/accuracy": 0.55,
+                "val/frames_16/accuracy": 0.30,
+                "val/frames_64/accuracy": 0.41,
+                "val/frames_256/accuracy": 0.55,
+            }
+        ],
+    )
+    out = tmp_path / "plots" / "frames.png"
+    main(["report", "frames", "--run", f"tool use={tool}", "--run", f"dense={dense}", "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = out.with_suffix(".md").read_text()
+    assert "| tool use | 31.5 | 62.0% | 1.02 |" in table
+    assert [line.split("|")[2].strip() for line in table.splitlines() if "| dense |" in line] == [
+        "16.0",
+        "64.0",
+        "256.0",
+    ]
+    with pytest.raises(SystemExit, match="no frames per answer"):
+        write_log(tmp_path / "plain", 0, [{"step": 1, "val/accuracy": 0.5}])
+        main(["report", "frames", "--run", f"plain={tmp_path / 'plain'}", "--out", str(out)])

@@ -7,9 +7,11 @@ import av
 import numpy as np
 import pytest
 
+from core.frame_requests import FramesRequest, plan_frames
 from datamodules import video as video_module
 from datamodules.video import (
     VideoDecodeError,
+    decode_frames,
     decode_video,
     fit_to_pixel_budget,
     uniform_frame_indices,
@@ -38,6 +40,24 @@ def test_decode_samples_the_right_frames_at_the_right_size():
     np.testing.assert_allclose(grey, np.array(video.frame_indices) * 5, atol=3)
     assert video.sampled_fps == pytest.approx(8 / 10.0)
     assert video.timestamps[1] == pytest.approx(video.frame_indices[1] / 4.0)
+
+
+def test_a_frame_request_decodes_the_planned_frames_with_their_true_times():
+    data = encode_mp4(_ramp_video(), fps=4.0)  # 10 s
+    plan = plan_frames(FramesRequest(2.1, 6.0, 1.0), source_fps=4.0, num_frames=40, frames_allowed=8)
+    assert plan.frame_indices == (9, 13, 17, 21)  # first frame at or after 2.1 s, every 4th
+    video = decode_frames(data, plan.frame_indices, max_pixels=56 * 56)
+    assert video.frame_indices == plan.frame_indices and video.frames.shape == (4, 28, 56, 3)
+    assert video.timestamps == plan.timestamps == (2.25, 3.25, 4.25, 5.25)
+    # Same bar as above: grey 5 i for frame i, a frame off would be 5 levels away.
+    np.testing.assert_allclose(
+        video.frames.reshape(4, -1).mean(axis=1), np.array([9, 13, 17, 21]) * 5, atol=3
+    )
+    for bad in ([], [3, 3], [5, 4]):
+        with pytest.raises(ValueError):
+            decode_frames(data, bad, max_pixels=56 * 56)
+    with pytest.raises(VideoDecodeError):
+        decode_frames(data, [39, 40], max_pixels=56 * 56)
 
 
 def test_pixel_budget_keeps_aspect_and_never_exceeds():

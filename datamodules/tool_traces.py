@@ -1,0 +1,149 @@
+"""CoT-SFT targets that demonstrate frame requests: the tool traces of the zoom task's rows.
+
+A row may carry ``extra["tool_trace"]`` (:mod:`datatools.zoom_task` writes one from its ground
+truth): a first turn that reasons where to look and asks for a span, and the reasoning of the last
+turn about what the reply shows. The target taught is the whole episode, as a rollout would play
+it: the first turn (ending with the request), the tool's reply with the requested frames decoded
+from the sample's video (tokenised and placed exactly as :mod:`rollout.episodes` does, so SFT and
+RL see the same layout; read, not trained), then the last turn with the answer.
+
+A trace the tool could not serve (its request is rejected, or the video cannot be read there)
+is not taught: the row falls back to its direct target (reasoning and answer), with a warning
+naming the sample and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.frame_requests import (
+    UNREADABLE_FRAMES,
+    FrameBudget,
+    RequestRejected,
+    parse_request,
+    plan_frames,
+    request_body,
+    served_text,
+)
+from core.tool_reply import tokenize_reply
+from datamodules.stream import VideoQASample
+from datamodules.video import VideoDecodeError, decode_frames
+from models.families import ModelFamily
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ToolTraces:
+    """How traces are served: the frames at the data's pixel budget, within the tool's budget."""
+
+    max_pixels: int
+    factor: int
+    budget: FrameBudget = field(default_factory=FrameBudget)
+
+
+class StoredVideo:
+    """A sample's encoded video, kept for the frames tool (a :class:`~core.frame_requests.FrameSource`):
+    requested frames are decoded at the data's pixel budget and patch rounding, so a segment
+    looks like the rest of the video. Picklable (it travels from dataloader workers in ``meta``);
+    a plain class, not a dataclass, so that Lightning's batch transfer passes it through as is."""
+
+    def __init__(
+        self, key: str, data: bytes, source_fps: float, num_frames: int, max_pixels: int, factor: int
+    ) -> None:
+        self.key = key
+        self.data = data
+        self.source_fps = source_fps
+        self.num_frames = num_frames
+        self.max_pixels = max_pixels
+        self.factor = factor
+
+    def __repr__(self) -> str:
+        size = f"{len(self.data)} bytes, {self.num_frames} frames at {self.source_fps:g} fps"
+        return f"StoredVideo({self.key!r}, {size})"
+
+    def read(self, frame_indices: Sequence[int]) -> np.ndarray:
+        try:
+            return decode_frames(self.data, frame_indices, self.max_pixels, factor=self.factor).frames
+        except VideoDecodeError as error:
+            raise RequestRejected(UNREADABLE_FRAMES, f"the video cannot be read there: {error}") from None
+
+
+def stored_video(sample: VideoQASample, settings: ToolTraces) -> StoredVideo | None:
+    """The sample's frame source (None when its stream did not keep the video)."""
+    if sample.video_bytes is None:
+        return None
+    video = sample.video
+    return StoredVideo(
+        sample.key,
+        sample.video_bytes,
+        video.fps,
+        video.total_num_frames,
+        settings.max_pixels,
+        settings.factor,
+    )
+
+
+@dataclass
+class TraceTarget:
+    """What follows the prompt in a trace's teacher-forcing row."""
+
+    token_ids: list[int]
+    trained: list[bool]
+    """False at the tool's reply (labels ignore it)."""
+    video_slots: list[bool]
+    pixel_values_videos: torch.Tensor
+    video_grid_thw: torch.Tensor
+    """``(1, 3)``: the reply's segment."""
+    second_per_grid: float
+
+
+def trace_target(
+    processor: Any, family: ModelFamily, sample: VideoQASample, settings: ToolTraces, end_of_turn: str
+) -> TraceTarget | None:
+    """The trace's target for ``sample``, or None when it has no trace or the tool cannot serve it."""
+    trace = sample.row.extra.get("tool_trace")
+    if not isinstance(trace, dict) or sample.video_bytes is None:
+        return None
+    tokenizer = processor.tokenizer
+    try:
+        body = request_body(str(trace.get("first_turn", "")))
+        if body is None:
+            raise RequestRejected("malformed", "the trace's first turn does not end with a request")
+        request = parse_request(body, settings.budget)
+        video = sample.video
+        plan = plan_frames(
+            request,
+            source_fps=video.fps,
+            num_frames=video.total_num_frames,
+            frames_allowed=min(settings.budget.frames_per_call, settings.budget.frames_per_episode),
+        )
+        source = stored_video(sample, settings)
+        assert source is not None
+        frames = source.read(plan.frame_indices)
+    except RequestRejected as error:
+        log.warning(
+            "sample %r: its tool trace cannot be served (%s); its direct target is taught", sample.key, error
+        )
+        return None
+    reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
+    assert reply.pixel_values_videos is not None and reply.video_grid_thw is not None
+    assert reply.second_per_grid is not None
+    first = list(tokenizer(str(trace["first_turn"]), add_special_tokens=False)["input_ids"])
+    reasoning = str(trace.get("final_reasoning", "")).strip()
+    last_text = f"<think>{reasoning}</think>\n<answer>{sample.row.answer}</answer>"
+    last = list(tokenizer(last_text + end_of_turn, add_special_tokens=False)["input_ids"])
+    return TraceTarget(
+        first + reply.token_ids + last,
+        [True] * len(first) + [False] * len(reply.token_ids) + [True] * len(last),
+        [False] * len(first) + reply.video_slots + [False] * len(last),
+        reply.pixel_values_videos,
+        reply.video_grid_thw.reshape(1, 3),
+        reply.second_per_grid,
+    )

@@ -1,0 +1,291 @@
+"""A synthetic long-video task that needs a closer look: short events a sparse overview misses.
+
+A video of ``num_frames`` frames (default 1,024 at 8 fps: 128 s) is cut into ``slots`` equal
+stretches (default 8 of 16 s). One stretch, the *landmark*, has a blue background; the others
+are grey, so even a sparse overview (16 frames: two per stretch) shows where it is. Short
+*markers* flash for ``marker_frames`` frames (default 8: one second): a coloured square in one
+corner of the frame. The question asks about the markers inside the blue stretch; markers
+elsewhere are distractors. Four categories, as :data:`~core.qa.CATEGORIES`:
+
+========================  =====================================================================
+Temporal                  "Which marker colour appears first during the blue stretch?" (2-3
+                          markers of distinct colours)
+Goal and Purpose          "Which marker colour appears last before the blue stretch ends?"
+Spatial                   "In which corner does the marker appear during the blue stretch?" (1)
+Plot                      "How many markers appear during the blue stretch?" (0-3)
+========================  =====================================================================
+
+Why the span matters: a one-second marker is in one of every ``num_frames / frames`` sampled
+frames by chance only: a 16-frame overview (one frame every 8 s) sees each with probability
+1/8, 64 dense frames (every 2 s) 1/2, 256 (every 0.5 s) always. Asking for the blue stretch at
+1 fps (16 frames) sees every marker in it exactly once (a stretch starts on a whole second and
+a marker covers one): the tool's 32-frame budget holds the answer, the overview does not.
+
+Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
+sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers: 00:35 red top
+left, 00:41 green bottom right."), and ``extra["tool_trace"]``: the first turn that asks for the
+stretch (the reasoning that locates it, then the request in the tool's syntax) and the last
+turn's reasoning about what the reply shows. The ground truth stays in ``extra["zoom"]``.
+
+Generation is deterministic and order-free, as the scenes task's
+(:func:`datatools.synthetic.sample_rngs`): the same seed gives byte-identical rows and videos.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from datamodules.rows import QARow
+from datatools.synthetic import SPLITS, category_of, format_timestamp, sample_key
+from datatools.video_encode import encode_mp4
+
+BACKGROUND = {"grey": (128, 128, 128), "blue": (30, 60, 220)}
+LANDMARK = "blue"
+MARKER_COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 190, 50),
+    "yellow": (235, 215, 20),
+    "white": (255, 255, 255),
+}
+CORNERS: tuple[str, ...] = ("top left", "top right", "bottom left", "bottom right")
+COUNT_OPTIONS: tuple[str, ...] = ("0", "1", "2", "3")
+
+QUESTIONS = {
+    "Temporal": "Which marker colour appears first during the blue stretch?",
+    "Goal and Purpose": "Which marker colour appears last before the blue stretch ends?",
+    "Spatial": "In which corner does the marker appear during the blue stretch?",
+    "Plot": "How many markers appear during the blue stretch?",
+}
+
+
+@dataclass(frozen=True)
+class ZoomConfig:
+    """What shapes the zoom task's videos (saved in ``dataset.json``).
+
+    Args:
+        num_frames: frames per video.
+        fps: frame rate (duration = ``num_frames / fps``).
+        slots: equal stretches the video is cut into, one of them the blue landmark.
+        marker_frames: how long a marker shows, in frames.
+        size: side of the square frames in pixels (even, at least 28).
+        marker_side: side of a marker square in pixels.
+        max_distractors: most markers in each grey stretch.
+        request_fps: the rate the tool trace asks for (frames per second of the stretch).
+        seed: base seed.
+        noise: per-pixel noise amplitude (0 by default: flat frames compress ~25-fold better, and
+            the markers already make frames differ).
+    """
+
+    num_frames: int = 1024
+    fps: float = 8.0
+    slots: int = 8
+    marker_frames: int = 8
+    size: int = 56
+    marker_side: int = 16
+    max_distractors: int = 2
+    request_fps: float = 1.0
+    seed: int = 0
+    noise: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size < 28 or self.size % 2 or not 4 <= self.marker_side <= self.size // 2:
+            raise ValueError("size must be even and >= 28, marker_side in [4, size / 2]")
+        if not (math.isfinite(self.fps) and self.fps > 0 and self.request_fps > 0):
+            raise ValueError("fps and request_fps must be positive")
+        if self.slots < 1 or self.num_frames % self.slots:
+            raise ValueError(
+                f"num_frames={self.num_frames} must split into slots={self.slots} equal stretches"
+            )
+        if self.marker_frames < 1 or 3 * 2 * self.marker_frames > self.slot_frames:
+            raise ValueError("a stretch must hold three markers with gaps: marker_frames too large")
+        step = self.fps / self.request_fps
+        if step != int(step) or self.slot_frames % int(step) or self.marker_frames != int(step):
+            raise ValueError(
+                "request_fps must sample every marker exactly once: fps / request_fps a whole number of "
+                "frames that divides a stretch and equals marker_frames"
+            )
+        if self.seed < 0 or not 0 <= self.noise <= 32 or self.max_distractors < 0:
+            raise ValueError("seed and max_distractors must be >= 0, noise in [0, 32]")
+
+    @property
+    def slot_frames(self) -> int:
+        return self.num_frames // self.slots
+
+    def to_json(self) -> dict[str, Any]:
+        return {"task": "zoom", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Marker:
+    start_frame: int
+    color: str
+    corner: str
+
+
+def sample_rngs(
+    config: ZoomConfig, split: str, index: int
+) -> tuple[np.random.Generator, np.random.Generator]:
+    """Independent generators for the plan and the rendering of one sample."""
+    if split not in SPLITS or index < 0:
+        raise ValueError(f"split must be one of {SPLITS} and the index >= 0")
+    # A different stream from the scenes task's with the same seed (the leading 1).
+    plan, render = np.random.default_rng((1, config.seed, SPLITS.index(split), index)).spawn(2)
+    return plan, render
+
+
+def _place(rng: np.random.Generator, config: ZoomConfig, slot: int, count: int) -> list[int]:
+    """Start frames of ``count`` markers inside stretch ``slot``, at any frame (no grid that a
+    sampling rate could line up with), at least a marker's length apart."""
+    length = config.marker_frames
+    spare = config.slot_frames - (2 * count - 1) * length if count else 0
+    # Sorted uniform cut points split the spare frames into count + 1 random non-negative parts.
+    cuts = np.sort(rng.integers(0, spare + 1, size=count))
+    starts, position = [], slot * config.slot_frames
+    for i, cut in enumerate(cuts.tolist()):
+        position += cut - (cuts[i - 1] if i else 0)
+        starts.append(int(position))
+        position += 2 * length
+    return starts
+
+
+def plan_sample(
+    config: ZoomConfig, category: str, rng: np.random.Generator
+) -> tuple[int, list[Marker], list[Marker]]:
+    """The landmark stretch, its markers (in time order) and the distractors elsewhere."""
+    landmark = int(rng.integers(config.slots))
+    colors, corners = list(MARKER_COLORS), list(CORNERS)
+    count = {"Temporal": int(rng.integers(2, 4)), "Goal and Purpose": int(rng.integers(2, 4))}.get(
+        category, 1 if category == "Spatial" else int(rng.integers(0, 4))
+    )
+    chosen = rng.choice(len(colors), size=count, replace=False) if count else []
+    markers = [
+        Marker(start, colors[int(c)], corners[int(rng.integers(4))])
+        for start, c in zip(_place(rng, config, landmark, count), chosen, strict=True)
+    ]
+    distractors = []
+    for slot in range(config.slots):
+        if slot == landmark:
+            continue
+        extra = int(rng.integers(0, config.max_distractors + 1))
+        for start in _place(rng, config, slot, extra):
+            distractors.append(Marker(start, colors[int(rng.integers(4))], corners[int(rng.integers(4))]))
+    return landmark, markers, distractors
+
+
+def question_of(category: str, markers: list[Marker]) -> tuple[tuple[str, ...], int]:
+    """The options and the answer's index."""
+    colors = tuple(MARKER_COLORS)
+    if category == "Temporal":
+        return colors, colors.index(markers[0].color)
+    if category == "Goal and Purpose":
+        return colors, colors.index(markers[-1].color)
+    if category == "Spatial":
+        return CORNERS, CORNERS.index(markers[0].corner)
+    if category == "Plot":
+        return COUNT_OPTIONS, len(markers)
+    raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
+
+
+def _seen(config: ZoomConfig, markers: list[Marker]) -> str:
+    if not markers:
+        return "No marker appears in it."
+    listed = ", ".join(
+        f"{format_timestamp(m.start_frame / config.fps)} {m.color} {m.corner}" for m in markers
+    )
+    return f"Markers: {listed}."
+
+
+def request_text(start_s: float, end_s: float, fps: float) -> str:
+    """A frames request in the tool's syntax (:mod:`core.frame_requests`)."""
+    rate: float | int = int(fps) if float(fps).is_integer() else fps
+    arguments = {"start": format_timestamp(start_s), "end": format_timestamp(end_s), "fps": rate}
+    return f"{CALL_OPEN}\n{json.dumps({'name': TOOL_NAME, 'arguments': arguments})}\n{CALL_CLOSE}"
+
+
+def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.random.Generator, list[Marker]]:
+    plan_rng, render_rng = sample_rngs(config, split, index)
+    category = category_of(index)
+    landmark, markers, distractors = plan_sample(config, category, plan_rng)
+    options, answer = question_of(category, markers)
+    start_s = landmark * config.slot_frames / config.fps
+    end_s = (landmark + 1) * config.slot_frames / config.fps
+    located = f"The blue stretch runs from {format_timestamp(start_s)} to {format_timestamp(end_s)}."
+    key = sample_key(split, index)
+    extra = {
+        "zoom": {
+            "landmark_slot": landmark,
+            "span_s": [start_s, end_s],
+            "markers": [asdict(m) for m in markers],
+            "distractors": [asdict(m) for m in distractors],
+        },
+        "tool_trace": {
+            "first_turn": f"<think>{located}</think>\n{request_text(start_s, end_s, config.request_fps)}",
+            "final_reasoning": _seen(config, markers),
+            "request": {"start_s": start_s, "end_s": end_s, "fps": config.request_fps},
+        },
+        "video_meta": {
+            "fps": config.fps,
+            "num_frames": config.num_frames,
+            "width": config.size,
+            "height": config.size,
+        },
+    }
+    row = QARow(
+        problem_id=key,
+        video=f"{key}.mp4",
+        problem=QUESTIONS[category],
+        problem_type=MULTIPLE_CHOICE,
+        reasoning=f"{located} {_seen(config, markers)}",
+        answer=OPTION_LETTERS[answer],
+        category=category,
+        options=options,
+        extra=extra,
+    )
+    return row, render_rng, [*markers, *distractors]
+
+
+def render(config: ZoomConfig, landmark: int, markers: list[Marker], rng: np.random.Generator) -> np.ndarray:
+    """Frames ``(num_frames, size, size, 3)`` uint8 RGB."""
+    size, side = config.size, config.marker_side
+    frames = np.empty((config.num_frames, size, size, 3), dtype=np.int16)
+    frames[:] = BACKGROUND["grey"]
+    first = landmark * config.slot_frames
+    frames[first : first + config.slot_frames] = BACKGROUND[LANDMARK]
+    corner_at = {
+        "top left": (0, 0),
+        "top right": (0, size - side),
+        "bottom left": (size - side, 0),
+        "bottom right": (size - side, size - side),
+    }
+    for marker in markers:
+        y, x = corner_at[marker.corner]
+        frames[marker.start_frame : marker.start_frame + config.marker_frames, y : y + side, x : x + side] = (
+            MARKER_COLORS[marker.color]
+        )
+    if config.noise:
+        frames += rng.integers(-config.noise, config.noise + 1, size=frames.shape, dtype=np.int16)
+    return np.clip(frames, 0, 255).astype(np.uint8)
+
+
+def encode_sample(config: ZoomConfig, split: str, index: int) -> tuple[str, bytes, dict[str, Any]]:
+    """``(key, mp4 bytes, JSON row)`` of sample ``index``, for :func:`datatools.shard_writer.write_shards`."""
+    row, render_rng, markers = make_row(config, split, index)
+    frames = render(config, row.extra["zoom"]["landmark_slot"], markers, render_rng)
+    return row.problem_id, encode_mp4(frames, config.fps), row.to_json()
+
+
+def served_markers(config: ZoomConfig, row: QARow, frame_indices: list[int]) -> str:
+    """What the sampled ``frame_indices`` show of the landmark's markers (for checks and traces)."""
+    shown = [
+        m
+        for m in (Marker(**m) for m in row.extra["zoom"]["markers"])
+        if any(m.start_frame <= i < m.start_frame + config.marker_frames for i in frame_indices)
+    ]
+    return _seen(config, shown)

@@ -1,0 +1,289 @@
+"""Multi-turn tool-use rollouts: the model asks for the frames it needs, the tool serves them.
+
+For each prompt the engine samples G first turns (one prefill of the prompt, as for single-turn
+rollouts) with ``</tool_call>`` as a stop token. Then, round by round, every episode whose last
+turn ended with a request gets the tool's reply and one more turn from the engine, until no
+episode asks any more or the budget's turns are used (``max_calls`` requests, then a reply
+saying there are no more, then one last turn). Token in, token out: each turn's prompt is the
+episode's own tokens so far (:meth:`core.episode.Episode.engine_prompt`), never re-tokenised
+text.
+
+A request's frames are decoded from the sample's video by its source
+(:class:`~core.frame_requests.FrameSource`, the datamodule's), tokenised into the reply by the
+model's processor and encoded once per step by the trainer's vision tower: a
+:class:`SegmentCache` keyed by the video and the frames' source indices serves the same span to
+every episode that asks for it, and the trainer's policy and reference passes reuse the same
+encodings (``Episode.segments``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.episode import Episode
+from core.frame_requests import (
+    CALL_CLOSE,
+    EpisodeFrames,
+    FrameBudget,
+    FrameSource,
+    RequestRejected,
+    rejected_text,
+    request_body,
+    served_text,
+)
+from core.tool_reply import ReplyInputs, tokenize_reply
+from core.video import VideoEncoder
+from models.families import ModelFamily
+from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
+
+
+@dataclass(frozen=True)
+class EpisodeVideo:
+    """A :class:`~core.frame_requests.FrameSource` from a decoding function (what tests and
+    callers without a datamodule use)."""
+
+    key: str
+    source_fps: float
+    num_frames: int
+    decode: Callable[[Sequence[int]], np.ndarray]
+
+    def read(self, frame_indices: Sequence[int]) -> np.ndarray:
+        return self.decode(frame_indices)
+
+
+def frame_sources(meta: Sequence[dict[str, Any]]) -> list[FrameSource]:
+    """Each prompt's frame source from a batch's ``meta`` (the datamodule's, with ``tool_use``)."""
+    sources = [sample.get("frame_source") for sample in meta]
+    if any(source is None for source in sources):
+        raise ValueError(
+            "tool-use episodes read the frames a model asks for from each sample's video, but the batch "
+            "does not carry it: set data.init_args.tool_use: true"
+        )
+    return sources  # type: ignore[return-value]
+
+
+@dataclass
+class SegmentCache:
+    """Served segments of one rollout step, tokenised and encoded once each."""
+
+    entries: dict[tuple[str, tuple[int, ...]], tuple[ReplyInputs, torch.Tensor]] = field(default_factory=dict)
+    hits: int = 0
+    encoded_frames: int = 0
+
+
+@dataclass
+class FrameTool:
+    """The frames tool of a rollout: its budget and what it needs of the model."""
+
+    budget: FrameBudget
+    processor: Any
+    family: ModelFamily
+    encode: VideoEncoder
+    """The trainer's vision tower: ``(pixel_values_videos, video_grid_thw) -> one encoding per video``."""
+
+    def reply(
+        self, body: str, state: EpisodeFrames, video: FrameSource, cache: SegmentCache
+    ) -> tuple[ReplyInputs, torch.Tensor | None, str | None]:
+        """The reply to the request ``body``: its inputs, its segment's encoding (None for a
+        rejection) and the rejection's reason (None when served)."""
+        try:
+            plan = state.serve(body, source_fps=video.source_fps, num_frames=video.num_frames)
+        except RequestRejected as rejected:
+            return tokenize_reply(self.processor, self.family, rejected_text(rejected)), None, rejected.reason
+        key = (video.key, plan.frame_indices)
+        if key in cache.entries:
+            cache.hits += 1
+        else:
+            try:
+                frames = video.read(plan.frame_indices)
+            except RequestRejected as rejected:  # the source could not decode them
+                state.frames -= len(plan.frame_indices)  # nothing was served
+                return (
+                    tokenize_reply(self.processor, self.family, rejected_text(rejected)),
+                    None,
+                    rejected.reason,
+                )
+            inputs = tokenize_reply(self.processor, self.family, served_text(plan), (plan, frames))
+            assert inputs.pixel_values_videos is not None and inputs.video_grid_thw is not None
+            with torch.no_grad():
+                (embeds,) = self.encode(inputs.pixel_values_videos, inputs.video_grid_thw.reshape(1, 3))
+            cache.entries[key] = (inputs, embeds.detach())
+            cache.encoded_frames += len(plan.frame_indices)
+        inputs, embeds = cache.entries[key]
+        return inputs, embeds, None
+
+
+@dataclass
+class EpisodeStats:
+    """What the tool did in one rollout step (logged as ``tool/*``)."""
+
+    episodes: int = 0
+    requests: int = 0
+    """Requests made, answered or not."""
+    served_frames: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    unanswered: int = 0
+    """Episodes whose last turn was still a request when the turns ran out."""
+    cache_hits: int = 0
+    encoded_frames: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        per_episode = max(1, self.episodes)
+        out = {
+            "tool/requests_per_episode": self.requests / per_episode,
+            "tool/frames_per_episode": self.served_frames / per_episode,
+            "tool/unanswered_fraction": self.unanswered / per_episode,
+            "tool/segment_cache_hits": float(self.cache_hits),
+            "tool/encoded_frames": float(self.encoded_frames),
+        }
+        out.update(
+            {f"tool/rejected_{reason}": float(count) for reason, count in sorted(self.rejected.items())}
+        )
+        return out
+
+
+def merged_tool_stats(parts: Sequence[EpisodeStats | None]) -> EpisodeStats | None:
+    """The statistics of several rollouts (a step's sampling rounds) together; None without any."""
+    present = [part for part in parts if part is not None]
+    if not present:
+        return None
+    merged = EpisodeStats()
+    for part in present:
+        merged.episodes += part.episodes
+        merged.requests += part.requests
+        merged.served_frames += part.served_frames
+        merged.rejected.update(part.rejected)
+        merged.unanswered += part.unanswered
+        merged.cache_hits += part.cache_hits
+        merged.encoded_frames += part.encoded_frames
+    return merged
+
+
+def ends_with_request(episode: Episode, call_close_id: int) -> bool:
+    """Whether the episode's last turn stopped at a request (its last token closes a call)."""
+    return bool(episode.token_ids) and episode.sampled[-1] and episode.token_ids[-1] == call_close_id
+
+
+def run_episodes(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    videos: Sequence[FrameSource],
+    sampling: SamplingConfig,
+    tool: FrameTool,
+) -> tuple[list[list[Episode]], EpisodeStats]:
+    """``sampling.n`` episodes per request (grouped like the requests), and what the tool did.
+
+    Each round's turns get their own seed (``sampling.seed + round``), so a run is repeatable.
+    """
+    if len(videos) != len(requests):
+        raise ValueError(f"{len(videos)} source videos for {len(requests)} requests")
+    tokenizer = tool.processor.tokenizer
+    call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
+    turn_sampling = replace(sampling, stop_tokens=(*sampling.stop_tokens, CALL_CLOSE))
+    groups: list[list[Episode]] = []
+    for request, result in zip(requests, engine.generate(requests, turn_sampling), strict=True):
+        group = []
+        for completion in result.completions:
+            episode = Episode(request.layout, rule=tool.family.position_rule)
+            episode.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
+            group.append(episode)
+        groups.append(group)
+    states = [[EpisodeFrames(tool.budget) for _ in group] for group in groups]
+    stats = EpisodeStats(episodes=sum(len(g) for g in groups))
+    cache = SegmentCache()
+    # A request per call, then one past the budget (answered "too many"), then the last turn.
+    for round_index in range(1, tool.budget.max_calls + 2):
+        pending = [
+            (g, e)
+            for g, group in enumerate(groups)
+            for e, episode in enumerate(group)
+            if ends_with_request(episode, call_close)
+        ]
+        if not pending:
+            break
+        turns = []
+        for g, e in pending:
+            episode = groups[g][e]
+            body = _last_request(episode, tokenizer)
+            inputs, embeds, reason = tool.reply(body, states[g][e], videos[g], cache)
+            stats.requests += 1
+            if reason is not None:
+                stats.rejected[reason] += 1
+            episode.add_reply(inputs.reply(embeds))
+            episode.served_frames = states[g][e].frames
+            turns.append(TurnRequest(episode, requests[g].video))
+        seed = None if sampling.seed is None else sampling.seed + round_index
+        for (g, e), completion in zip(
+            pending, engine.generate_turns(turns, replace(turn_sampling, seed=seed)), strict=True
+        ):
+            groups[g][e].add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
+    stats.served_frames = sum(state.frames for row in states for state in row)
+    stats.unanswered = sum(ends_with_request(e, call_close) for group in groups for e in group)
+    stats.requests += stats.unanswered  # asked too, when no turn was left to answer
+    stats.cache_hits, stats.encoded_frames = cache.hits, cache.encoded_frames
+    return groups, stats
+
+
+def _last_turn(episode: Episode) -> list[int]:
+    """The tokens of the episode's last turn (the trailing run of sampled tokens)."""
+    start = len(episode.sampled)
+    while start > 0 and episode.sampled[start - 1]:
+        start -= 1
+    return episode.token_ids[start:]
+
+
+def _last_request(episode: Episode, tokenizer: Any) -> str:
+    """The body of the request the episode's last turn ends with (the turn's own tokens decoded)."""
+    body = request_body(tokenizer.decode(_last_turn(episode), skip_special_tokens=False))
+    return body if body is not None else ""
+
+
+@dataclass
+class EpisodeRollouts:
+    """A rollout step's episodes, with what rewards and logs read of each."""
+
+    groups: list[list[Episode]]
+    """``sampling.n`` episodes per prompt."""
+    completions: list[Completion]
+    """Per episode (prompt-major): what the model wrote, all turns' tokens and log-probs, and its
+    last turn's text (the answer that rewards read)."""
+    requests: list[int]
+    """Per episode: the requests it made (answered or not)."""
+    stats: EpisodeStats
+
+    @property
+    def episodes(self) -> list[Episode]:
+        return [episode for group in self.groups for episode in group]
+
+
+def episode_rollouts(
+    engine: RolloutEngine,
+    requests: Sequence[RolloutRequest],
+    videos: Sequence[FrameSource],
+    sampling: SamplingConfig,
+    tool: FrameTool,
+) -> EpisodeRollouts:
+    """:func:`run_episodes`, with each episode summarised for the rewards."""
+    groups, stats = run_episodes(engine, requests, videos, sampling, tool)
+    tokenizer = tool.processor.tokenizer
+    call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
+    completions, counts = [], []
+    for episode in (e for group in groups for e in group):
+        sampled = [i for i, s in enumerate(episode.sampled) if s]
+        text = tokenizer.decode(_last_turn(episode), skip_special_tokens=True)
+        completions.append(
+            Completion(
+                [episode.token_ids[i] for i in sampled],
+                [episode.logprobs[i] for i in sampled],
+                text,
+                episode.finish_reason,
+            )
+        )
+        counts.append(episode.replies + int(ends_with_request(episode, call_close)))
+    return EpisodeRollouts(groups, completions, counts, stats)

@@ -1,0 +1,134 @@
+"""Tool-use GRPO through Lightning (in-process fits, tiny models): the rollout callback runs
+episodes, the module scores their rows with the replies in place, and the run refuses setups
+that cannot work.
+
+The model here always writes ``</tool_call>`` (``helpers.biased_models``): every turn is a
+request with no body, so every episode runs out of turns (served frames are covered by
+``tests/unit/test_episode_runner.py`` and the engines' own tests). What is checked is the
+plumbing: episodes reach the training step, the trainer's log-probs of every sampled token of
+every turn equal the engine's (the logged gap is float32 rounding), and ``tool/*`` is logged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+from helpers.biased_models import save_biased_model
+
+from callbacks.rl_rollout import RolloutCallback
+from datamodules.longvideo_reason import LongVideoReasonDataModule
+from models.grpo import GRPOModule
+from rewards.combine import RewardSpec
+from rollout.hf_engine import TransformersEngine
+from rollout.vllm_engine import VLLMEngine
+
+TOOL_USE = {"max_calls": 2, "frames_per_call": 4, "frames_per_episode": 8}
+
+
+class Episodes(L.Callback):
+    """Keeps the episodes each step learned from (runs after the rollout callback)."""
+
+    def __init__(self) -> None:
+        self.turns: list[list[int]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.turns.append([e.turns for e in pl_module.pending_rollouts.episodes])
+
+
+@pytest.fixture(scope="module")
+def asking_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    return save_biased_model(tiny_model_dir, tmp_path_factory.mktemp("asking") / "model", "</tool_call>")
+
+
+def fit(model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, tool_use: bool = True) -> L.Trainer:
+    L.seed_everything(0)
+    module = GRPOModule(str(model_dir), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
+    rollout = RolloutCallback(
+        engine=engine,
+        num_generations=3,
+        max_new_tokens=8,
+        rewards=[RewardSpec("format", 1.0), RewardSpec("frame_requests", -0.1)],
+        tool_use=TOOL_USE,
+    )
+    episodes = Episodes()
+    data = LongVideoReasonDataModule(
+        train_shards=str(synth_dir / "train-*.tar"),
+        processor_path=str(model_dir),
+        num_frames=8,
+        batch_size=2,
+        num_workers=0,
+        tool_use=tool_use,
+    )
+    trainer = L.Trainer(
+        max_steps=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+        callbacks=[rollout, episodes],
+    )
+    trainer.fit(module, datamodule=data)
+    trainer.episodes = episodes  # type: ignore[attr-defined]
+    return trainer
+
+
+@pytest.mark.parametrize("engine_name", ["transformers", "vllm"])
+def test_tool_use_episodes_train_through_lightning(
+    engine_name: str, asking_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    engine = (
+        TransformersEngine()
+        if engine_name == "transformers"
+        else VLLMEngine(dtype="float32", max_model_len=1024, max_num_seqs=8, videos_per_prompt=3)
+    )
+    trainer = fit(asking_model_dir, synth_dir, tmp_path, engine)
+    metrics = trainer.callback_metrics
+    # 2 prompts x 3 episodes; each: two malformed requests, one too many, a last turn that asks.
+    assert trainer.episodes.turns == [[4] * 6, [4] * 6]  # type: ignore[attr-defined]
+    assert float(metrics["tool/requests_per_episode"]) == 4.0
+    assert (
+        float(metrics["tool/rejected_malformed"]) == 12
+        and float(metrics["tool/rejected_too_many_calls"]) == 6
+    )
+    assert float(metrics["tool/unanswered_fraction"]) == 1.0
+    # Every sampled token of every turn, scored by the trainer with the replies in place, has
+    # the engine's log-prob up to float32 rounding (a reply misplaced moves it by > 1e-2).
+    assert float(metrics["rollout/logprob_diff_max"]) < 1e-3
+
+
+def test_tool_use_refuses_a_setup_that_cannot_run(
+    asking_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="tool_use: true"):
+        fit(asking_model_dir, synth_dir, tmp_path, TransformersEngine(), tool_use=False)
+    with pytest.raises(ValueError, match="videos_per_prompt: 3"):
+        fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32", max_model_len=1024))
+    with pytest.raises(ValueError, match="unknown settings"):
+        RolloutCallback(engine=TransformersEngine(), tool_use={"max_call": 2})
+
+
+def test_validation_runs_tool_use_episodes(asking_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
+    from models.sft import SFTModule
+
+    module = SFTModule(str(asking_model_dir), max_new_tokens=8, val_tool_use={"max_calls": 1})
+    data = LongVideoReasonDataModule(
+        val_shards=str(synth_dir / "val-*.tar"),
+        processor_path=str(asking_model_dir),
+        num_frames=8,
+        batch_size=4,
+        num_workers=0,
+        tool_use=True,
+    )
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    trainer.validate(module, datamodule=data)
+    metrics = trainer.callback_metrics
+    # A malformed request, one too many, and a last turn that asks again: 3 requests, no frames
+    # served, so each answer saw the 8 overview frames only; none answers, none is right.
+    assert float(metrics["val/requests_per_answer"]) == 3.0
+    assert float(metrics["val/frames_per_answer"]) == 8.0
+    assert float(metrics["val/accuracy"]) == 0.0

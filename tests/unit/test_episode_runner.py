@@ -1,0 +1,139 @@
+"""The episode runner's mechanics, with an engine that plays scripted turns: stop at a request,
+decode and encode the span once, reply, go on; budgets, bad requests, the loss mask, positions.
+
+The engine here is a script (which turns the model writes is not what is tested); the real
+engines run episodes in ``tests/e2e/test_episode_engines.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.episode_helpers import video_prompt
+
+from core.frame_requests import CALL_CLOSE, MALFORMED, TOO_MANY_CALLS, FrameBudget
+from models.vision import encode_videos
+from rollout.base import (
+    Completion,
+    PolicyHandle,
+    RolloutEngine,
+    RolloutRequest,
+    RolloutResult,
+    SamplingConfig,
+    TurnRequest,
+)
+from rollout.episodes import run_episodes
+
+BUDGET = FrameBudget(max_calls=1, frames_per_call=4, frames_per_episode=4)
+
+
+class ScriptedEngine(RolloutEngine):
+    """Writes each episode's turns from a script, told apart by their first turn."""
+
+    def __init__(self, scripts: list[list[list[int]]]) -> None:
+        self.scripts = scripts
+        self.turn_calls: list[tuple[list[list[int]], int | None, tuple[str, ...]]] = []
+
+    def start(self, policy: PolicyHandle) -> None:
+        pass
+
+    def _completion(self, ids: list[int]) -> Completion:
+        return Completion(ids, [-0.5] * len(ids), "", "stop")
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        assert CALL_CLOSE in sampling.stop_tokens and sampling.n == len(self.scripts)
+        return [RolloutResult([self._completion(script[0]) for script in self.scripts]) for _ in requests]
+
+    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
+        self.turn_calls.append(
+            ([r.episode.engine_prompt() for r in requests], sampling.seed, sampling.stop_tokens)
+        )
+        out = []
+        for request in requests:
+            script = next(s for s in self.scripts if request.episode.token_ids[: len(s[0])] == s[0])
+            out.append(self._completion(script[request.episode.turns]))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny_model_dir: Path, synth_dir: Path):
+    return video_prompt(tiny_model_dir, synth_dir)
+
+
+def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    request_a = prompt.ids("<think>a</think>") + prompt.request_ids(1, 5)
+    request_b = prompt.ids("<think>b</think>") + prompt.request_ids(1, 5)
+    malformed = prompt.ids("<think>c</think><tool_call>oops") + prompt.ids("</tool_call>")
+    scripts = [
+        [request_a, prompt.request_ids(5, 9), answer],  # served; then one request too many
+        [request_b, answer],  # the same span as episode 0: served from the cache
+        [malformed, prompt.request_ids(0, 2), prompt.request_ids(0, 2)],  # never answers
+        [answer],  # answers at once
+    ]
+    engine = ScriptedEngine(scripts)
+    encodings, reads = [], []
+
+    def encode(pixels: torch.Tensor, grid: torch.Tensor) -> list[torch.Tensor]:
+        encodings.append(grid.clone())
+        return encode_videos(prompt.model, pixels, grid)
+
+    def read(indices):
+        reads.append(tuple(indices))
+        return prompt.source.read(indices)
+
+    source = type(prompt.source)(prompt.source.key, prompt.source.source_fps, prompt.source.num_frames, read)
+    sampling = SamplingConfig(n=4, max_new_tokens=64, seed=10)
+    (group,), stats = run_episodes(
+        engine, [prompt.request()], [source], sampling, prompt.tool(BUDGET, encode)
+    )
+
+    # Turns per episode as scripted; only the model's turns are sampled (trained) tokens.
+    assert [e.turns for e in group] == [3, 2, 3, 1]
+    for episode, script in zip(group, scripts, strict=True):
+        assert episode.sampled_ids == [t for turn in script[: episode.turns] for t in turn]
+        assert sum(episode.sampled) == len(episode.sampled_ids)
+    # Frames 1-5 s of a 2 fps video at the default 1 fps: source frames 2, 4, 6, 8, decoded and
+    # encoded once although two episodes asked for them.
+    assert reads == [(2, 4, 6, 8)] and len(encodings) == 1
+    assert group[0].segments[0] is group[1].segments[0] or torch.equal(
+        group[0].segments[0].embeds, group[1].segments[0].embeds
+    )
+    # Requests: 2 + 1 + 3 (the last one unanswered) + 0.
+    assert (stats.requests, stats.served_frames, stats.cache_hits, stats.encoded_frames) == (6, 8, 1, 4)
+    assert dict(stats.rejected) == {MALFORMED: 1, TOO_MANY_CALLS: 2}
+    assert [e.served_frames for e in group] == [4, 4, 0, 0]
+    assert stats.unanswered == 1 and group[2].segments == [] and group[3].segments == []
+    metrics = stats.metrics()
+    assert metrics["tool/requests_per_episode"] == 6 / 4 and metrics["tool/rejected_malformed"] == 1
+
+    # Replies say what happened, in the episode's own tokens.
+    tokenizer = prompt.processor.tokenizer
+    replies = [
+        tokenizer.decode([t for t, s in zip(e.token_ids, e.sampled, strict=True) if not s]) for e in group[:3]
+    ]
+    assert "frames 00:01.0-00:04.0, 4 frames, 1.00 s apart" in replies[0]
+    assert f"no frames ({TOO_MANY_CALLS})" in replies[0] and f"no frames ({MALFORMED})" in replies[2]
+
+    # Each round's turns: the episodes' own tokens so far (videos collapsed), the round's seed.
+    (first_prompts, first_seed, stops), (second_prompts, second_seed, _) = engine.turn_calls
+    assert first_seed == 11 and second_seed == 12 and CALL_CLOSE in stops
+    assert len(first_prompts) == 3 and len(second_prompts) == 2
+    video_pad = tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert first_prompts[0][: len(prompt.layout.collapsed_ids())] == prompt.layout.collapsed_ids()
+    assert first_prompts[0].count(video_pad) == 2  # the prompt's video and the segment, one each
+
+    # The segment's temporal positions follow its frames' times: patches of 2 frames at 1 and 3 s.
+    rule = prompt.family.position_rule
+    positions = group[0].positions(rule)
+    slots = torch.tensor(prompt.layout.video_slots.tolist() + group[0].video_slots)
+    segment_t = positions[0, len(prompt.layout) :][torch.tensor(group[0].video_slots)]
+    first = int(segment_t[0])
+    assert sorted(set((segment_t - first).tolist())) == [0, int((3.0 - 1.0) * rule.tokens_per_second)]
+    assert int(slots.sum()) == len(prompt.layout.video_slots.nonzero()) + len(group[0].segments[0].embeds)

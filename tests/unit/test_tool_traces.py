@@ -1,0 +1,135 @@
+"""CoT-SFT on tool traces: the teacher-forcing row is the episode a rollout would play (same
+tokens, same positions, the segment in place), only the model's turns are trained, and a trace
+the tool cannot serve falls back to the direct target, with a warning."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoProcessor
+
+from core.episode import Episode
+from core.frame_requests import FrameBudget, parse_request, plan_frames, request_body, served_text
+from core.positions import mrope_position_ids
+from core.tool_reply import tokenize_reply
+from datamodules.collate import IGNORE_INDEX, VideoQACollator
+from datamodules.shards import resolve_shards
+from datamodules.stream import VideoQAStream
+from datamodules.tool_traces import ToolTraces
+from datamodules.video import decode_frames
+from datatools.shard_writer import write_shards
+from datatools.synthetic import encoded_samples
+from datatools.zoom_task import ZoomConfig
+from datatools.zoom_task import encode_sample as zoom_sample
+from models.families import family_of
+from models.loading import load_model
+from models.sft import SFTModule
+
+MAX_PIXELS = 56 * 56
+
+
+@pytest.fixture(scope="module")
+def zoom_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("zoom")
+    write_shards(encoded_samples(ZoomConfig(), "val", 4, encode=zoom_sample), out, "val")
+    return out
+
+
+@pytest.fixture(scope="module")
+def collated(zoom_dir: Path, tiny_model_dir: Path) -> dict:
+    processor = AutoProcessor.from_pretrained(tiny_model_dir)
+    family = family_of(load_model(tiny_model_dir).config)
+    stream = VideoQAStream(
+        resolve_shards(str(zoom_dir / "val-*.tar")),
+        num_frames=16,
+        max_pixels=MAX_PIXELS,
+        keep_video_bytes=True,
+    )
+    samples = list(stream)
+    collator = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 28))
+    return {"processor": processor, "family": family, "samples": samples, "batch": collator(samples)}
+
+
+def test_a_trace_row_is_the_episode_a_rollout_would_play(collated: dict) -> None:
+    processor, family, samples, batch = (collated[k] for k in ("processor", "family", "samples", "batch"))
+    tokenizer = processor.tokenizer
+    rule = family.position_rule
+    positions = mrope_position_ids(
+        batch["video_mask"],
+        batch["attention_mask"],
+        batch["target_video_grid_thw"],
+        batch["target_second_per_grid_ts"],
+        spatial_merge_size=rule.spatial_merge_size,
+        tokens_per_second=rule.tokens_per_second,
+        temporal=rule.temporal,
+    )
+    assert len(batch["target_video_grid_thw"]) == 2 * len(samples)  # a prompt video and a segment each
+    for row, sample in enumerate(samples):
+        layout = batch["prompts"][row]
+        trace = sample.row.extra["tool_trace"]
+        # The episode the rollout code builds from the same turns and the same served frames.
+        plan = plan_frames(
+            parse_request(request_body(trace["first_turn"]), FrameBudget()),
+            source_fps=sample.video.fps,
+            num_frames=sample.video.total_num_frames,
+            frames_allowed=16,
+        )
+        frames = decode_frames(sample.video_bytes, plan.frame_indices, MAX_PIXELS).frames
+        reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
+        first = tokenizer(trace["first_turn"], add_special_tokens=False)["input_ids"]
+        last_text = (
+            f"<think>{trace['final_reasoning']}</think>\n<answer>{sample.row.answer}</answer><|im_end|>"
+        )
+        last = tokenizer(last_text, add_special_tokens=False)["input_ids"]
+        episode = Episode(layout, rule=rule)
+        episode.add_turn(first, [0.0] * len(first), "stop")
+        episode.add_reply(reply.reply(torch.zeros(int(reply.video_grid_thw.prod()) // 4, 1)))
+        episode.add_turn(last, [0.0] * len(last), "stop")
+        length = int(batch["attention_mask"][row].sum())
+        ids = batch["input_ids"][row, :length]
+        assert ids.tolist() == layout.token_ids.tolist() + episode.token_ids
+        assert torch.equal(positions[:, row, :length], episode.positions())
+        # Trained: the model's two turns (the request closes the first); read: the prompt and the reply.
+        trained = batch["labels"][row, :length] != IGNORE_INDEX
+        assert trained[len(layout) :].tolist() == episode.sampled and not trained[: len(layout)].any()
+        assert first[-1] == tokenizer.convert_tokens_to_ids("</tool_call>")
+        reply_ids = ids[len(layout) + len(first) :][~trained[len(layout) + len(first) :]]
+        assert served_text(plan) in tokenizer.decode(reply_ids)
+    # The segment: 16 frames 1 s apart in temporal patches of 2 (2 s each).
+    assert batch["target_second_per_grid_ts"][1::2].tolist() == [2.0] * len(samples)
+
+
+def test_sft_trains_on_trace_rows(collated: dict, tiny_model_dir: Path) -> None:
+    module = SFTModule(str(tiny_model_dir))
+    module.configure_model()
+    batch = collated["batch"]
+    loss = module.token_mean_loss(batch)
+    assert torch.isfinite(loss)
+    # The reply's frames are read: other frames in the segment change the loss of the last turn.
+    blank = dict(batch, target_pixel_values_videos=batch["target_pixel_values_videos"].clone())
+    grids = batch["target_video_grid_thw"]
+    offsets = [0, *grids.prod(dim=-1).cumsum(0).tolist()]
+    for video in range(1, len(grids), 2):
+        blank["target_pixel_values_videos"][offsets[video] : offsets[video + 1]] = 0
+    assert abs(float(module.token_mean_loss(blank)) - float(loss)) > 1e-4
+
+
+def test_a_trace_the_tool_cannot_serve_falls_back_with_a_warning(
+    collated: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    sample = collated["samples"][0]
+    extra = dict(sample.row.extra, tool_trace=dict(sample.row.extra["tool_trace"], first_turn="<tool_call>{"))
+    broken = dataclasses.replace(sample, row=dataclasses.replace(sample.row, extra=extra))
+    collator = VideoQACollator(
+        collated["processor"], family=collated["family"], tool_traces=ToolTraces(MAX_PIXELS, 28)
+    )
+    with caplog.at_level(logging.WARNING):
+        batch = collator([broken])
+    assert "cannot be served" in caplog.text and sample.key in caplog.text
+    assert "target_pixel_values_videos" not in batch  # only the prompt's video: the direct target
+    target = batch["input_ids"][0][batch["labels"][0] != IGNORE_INDEX]
+    assert collated["processor"].tokenizer.decode(target).startswith("<think>The blue stretch runs")

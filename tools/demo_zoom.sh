@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# `make demo-zoom`: frames on request, end to end on the zoom task (lvrl data zoom): build the
+# small model, CoT-SFT on the tool traces (16-frame overview + one request of up to 16 frames),
+# CoT-SFT on dense 256-frame input for comparison (same steps), GRPO with frame requests from the
+# tool SFT export, then evaluate each on the 400 held-out questions: tool use (the rollout code
+# answers), and the dense model at 16, 64 and 256 frames; a paired comparison and a table of
+# accuracy against frames seen (runs/zoom/accuracy.md).
+set -euo pipefail
+run_dir=${1:-runs/zoom}
+data_dir=${DATA_DIR:-data/zoom}
+lvrl=.venv/bin/lvrl
+export WANDB_MODE=${WANDB_MODE:-offline}
+start=$(date +%s)
+data_args=(--data.init_args.train_shards "$data_dir/train-*.tar" --data.init_args.val_shards "$data_dir/val-*.tar")
+held_out=(--trainer.limit_val_batches null --data.init_args.val_shards "$data_dir/{val,test}-*.tar")
+
+if [ ! -f "$data_dir/dataset.json" ]; then
+  "$lvrl" data zoom --out "$data_dir"
+fi
+if [ ! -f "$run_dir/model-small/config.json" ]; then
+  "$lvrl" model build --preset small --out "$run_dir/model-small" --corpus "$data_dir"/train-00000.tar
+fi
+
+echo "== CoT-SFT on tool traces"
+"$lvrl" fit --config configs/zoom/sft_tool.yaml --trainer.default_root_dir "$run_dir/sft-tool" \
+  --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
+"$lvrl" validate --config configs/zoom/sft_tool.yaml --trainer.default_root_dir "$run_dir/sft-tool-eval" \
+  --model.init_args.model_path "$run_dir/sft-tool/hf" "${data_args[@]}" "${held_out[@]}"
+
+echo "== CoT-SFT on dense frames (the baseline)"
+"$lvrl" fit --config configs/zoom/sft_dense.yaml --trainer.default_root_dir "$run_dir/sft-dense" \
+  --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
+"$lvrl" validate --config configs/zoom/sft_dense.yaml --trainer.default_root_dir "$run_dir/sft-dense-eval" \
+  --model.init_args.model_path "$run_dir/sft-dense/hf" "${data_args[@]}" "${held_out[@]}"
+
+echo "== GRPO with frame requests"
+"$lvrl" fit --config configs/zoom/grpo_tool.yaml --trainer.default_root_dir "$run_dir/grpo-tool" \
+  --model.init_args.model_path "$run_dir/sft-tool/hf" "${data_args[@]}"
+"$lvrl" validate --config configs/zoom/grpo_tool.yaml --trainer.default_root_dir "$run_dir/grpo-tool-eval" \
+  --model.init_args.model_path "$run_dir/grpo-tool/hf" "${data_args[@]}" "${held_out[@]}"
+
+echo "== held-out accuracy"
+"$lvrl" report compare --run "tool SFT=$run_dir/sft-tool-eval" --run "tool GRPO=$run_dir/grpo-tool-eval" \
+  --run "dense SFT=$run_dir/sft-dense-eval" --out "$run_dir/accuracy.md"
+"$lvrl" report frames --run "tool SFT=$run_dir/sft-tool-eval" --run "tool GRPO=$run_dir/grpo-tool-eval" \
+  --run "dense SFT=$run_dir/sft-dense-eval" --out "$run_dir/accuracy_vs_frames.png"
+end=$(date +%s)
+echo "demo-zoom finished in $((end - start)) s"
