@@ -91,8 +91,10 @@ def sequence_parallel_completion_logprobs(
     """
     family = family_of(model.config)
     episode_rows = any(bool(batch.video_mask[i, p:].any()) for i, p in enumerate(batch.prompt_lengths))
-    if episode_rows and video_embeds is not None and any(
-        e is not None and family.split_encoding(e)[1] is not None for e in video_embeds
+    if (
+        episode_rows
+        and video_embeds is not None
+        and any(e is not None and family.split_encoding(e)[1] is not None for e in video_embeds)
     ):
         raise NotImplementedError(f"tool-use episodes of {family.name} (per-token visual features): not yet")
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
