@@ -338,25 +338,31 @@ def _plan(config: SynthConfig, split: str, index: int) -> tuple[QARow, list[Scen
     extra = {
         "scenes": [s.to_json() for s in scenes],
         "asked_time_s": question.asked_time_s,
-        "video_meta": {
-            "fps": config.fps,
-            "num_frames": config.num_frames,
-            "width": config.size,
-            "height": config.size,
-        },
+        "video_meta": video_meta(config.num_frames, config.fps, config.size),
     }
-    row = QARow(
+    reasoning = reasoning_text(scenes, question)
+    row = synthetic_row(key, question, reasoning, extra)
+    return row, scenes, render_rng
+
+
+def video_meta(num_frames: int, fps: float, size: int) -> dict[str, Any]:
+    """The ground truth of a synthetic video's format (square frames)."""
+    return {"fps": fps, "num_frames": num_frames, "width": size, "height": size}
+
+
+def synthetic_row(key: str, question: Question, reasoning: str, extra: dict[str, Any]) -> QARow:
+    """A synthetic task's multiple-choice row (its video is ``<key>.mp4``)."""
+    return QARow(
         problem_id=key,
         video=f"{key}.mp4",
         problem=question.problem,
         problem_type=MULTIPLE_CHOICE,
-        reasoning=reasoning_text(scenes, question),
-        answer=question.answer_letter,
+        reasoning=reasoning,
+        answer=OPTION_LETTERS[question.answer_index],
         category=question.category,
         options=question.options,
         extra=extra,
     )
-    return row, scenes, render_rng
 
 
 def make_row(config: SynthConfig, split: str, index: int) -> QARow:

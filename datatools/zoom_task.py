@@ -41,9 +41,17 @@ from typing import Any
 import numpy as np
 
 from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME
-from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from core.qa import CATEGORIES
 from datamodules.rows import QARow
-from datatools.synthetic import SPLITS, category_of, format_timestamp, sample_key
+from datatools.synthetic import (
+    SPLITS,
+    Question,
+    category_of,
+    format_timestamp,
+    sample_key,
+    synthetic_row,
+    video_meta,
+)
 from datatools.video_encode import encode_mp4
 
 BACKGROUND = {"grey": (128, 128, 128), "blue": (30, 60, 220)}
@@ -230,24 +238,10 @@ def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.rand
             "final_reasoning": _seen(config, markers),
             "request": {"start_s": start_s, "end_s": end_s, "fps": config.request_fps},
         },
-        "video_meta": {
-            "fps": config.fps,
-            "num_frames": config.num_frames,
-            "width": config.size,
-            "height": config.size,
-        },
+        "video_meta": video_meta(config.num_frames, config.fps, config.size),
     }
-    row = QARow(
-        problem_id=key,
-        video=f"{key}.mp4",
-        problem=QUESTIONS[category],
-        problem_type=MULTIPLE_CHOICE,
-        reasoning=f"{located} {_seen(config, markers)}",
-        answer=OPTION_LETTERS[answer],
-        category=category,
-        options=options,
-        extra=extra,
-    )
+    question = Question(category, QUESTIONS[category], options, answer, "")
+    row = synthetic_row(key, question, f"{located} {_seen(config, markers)}", extra)
     return row, render_rng, [*markers, *distractors]
 
 
