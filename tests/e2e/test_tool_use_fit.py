@@ -17,6 +17,7 @@ from typing import Any
 import lightning as L
 import pytest
 from helpers.biased_models import save_biased_model
+from helpers.grpo_helpers import fit_tiny_grpo
 
 from callbacks.rl_rollout import RolloutCallback
 from datamodules.longvideo_reason import LongVideoReasonDataModule
@@ -54,25 +55,9 @@ def fit(model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, tool_u
         tool_use=TOOL_USE,
     )
     episodes = Episodes()
-    data = LongVideoReasonDataModule(
-        train_shards=str(synth_dir / "train-*.tar"),
-        processor_path=str(model_dir),
-        num_frames=8,
-        batch_size=2,
-        num_workers=0,
-        tool_use=tool_use,
+    trainer = fit_tiny_grpo(
+        module, model_dir, synth_dir, tmp_path, steps=2, callbacks=[rollout, episodes], tool_use=tool_use
     )
-    trainer = L.Trainer(
-        max_steps=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        limit_val_batches=0,
-        default_root_dir=tmp_path,
-        callbacks=[rollout, episodes],
-    )
-    trainer.fit(module, datamodule=data)
     trainer.episodes = episodes  # type: ignore[attr-defined]
     return trainer
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 
@@ -16,8 +17,10 @@ def fit_tiny_grpo(
     steps: int,
     callbacks: list[L.Callback],
     prompts_per_step: int = 2,
+    **data_args: Any,
 ) -> L.Trainer:
-    """``trainer.fit`` of ``module`` on the synthetic shards (8 frames, no workers, no logger)."""
+    """``trainer.fit`` of ``module`` on the synthetic shards (8 frames, no workers, no logger);
+    ``data_args``: more of the datamodule's arguments."""
     from datamodules.longvideo_reason import LongVideoReasonDataModule
 
     data = LongVideoReasonDataModule(
@@ -26,6 +29,7 @@ def fit_tiny_grpo(
         num_frames=8,
         batch_size=prompts_per_step,
         num_workers=0,
+        **data_args,
     )
     trainer = L.Trainer(
         max_steps=steps,
