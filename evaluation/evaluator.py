@@ -20,6 +20,7 @@ the trainer says (dataloaders, frame counts, step, rank).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,6 +77,8 @@ class Evaluator:
             ``temperature`` and report ``sampled_accuracy`` (multiple-choice rows); 0: off.
         temperature: sampling temperature of those answers.
         judge: the LLM judge of open-ended questions; None: they are not scored.
+        record_extras: what the generator knows of its last greedy answers beyond their text
+            (a tool-use episode's requests and turns): one dict per answer, added to its record.
     """
 
     def __init__(
@@ -85,8 +88,10 @@ class Evaluator:
         samples: int = 0,
         temperature: float = 1.0,
         judge: JudgeSettings | None = None,
+        record_extras: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.generate = generate
+        self.record_extras = record_extras
         self.max_new_tokens = max_new_tokens
         self.samples = samples
         self.temperature = temperature
@@ -117,6 +122,7 @@ class Evaluator:
         """Answer, score, count and record the questions of one batch of dataloader ``loader``."""
         greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
         completions = [texts[0] for texts in self.generate(batch, sampling=greedy)]
+        extras = self.record_extras() if self.record_extras is not None else []
         meta = batch["meta"]
         judge = JudgeClient(self.judge) if self.judge is not None else None
         scored = score_answers(completions, meta, judge)
@@ -157,6 +163,9 @@ class Evaluator:
             }
             for m, s, c in zip(meta, scored, completions, strict=True)
         ]
+        if len(extras) == len(records):
+            for record, extra in zip(records, extras, strict=True):
+                record.update(extra)
         if sampled_fraction is not None:
             for record, fraction in zip(records, sampled_fraction, strict=True):
                 if fraction is not None:

@@ -147,8 +147,9 @@ class VLMModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.val_tool_budget = settings_block(FrameBudget, val_tool_use, "val_tool_use")
-        self._val_tool_counts: list[tuple[int, int]] = []
-        """Per answer of the current validation batch: (requests, served frames)."""
+        self._val_tool_records: list[dict[str, Any]] = []
+        """Per greedy answer of the current validation batch, with tool use: its requests, the
+        frames served and every turn the model wrote (added to the predictions' records)."""
         self.lora_settings = LoraSettings.of(lora)
         """The LoRA adapters trained instead of the whole model (None: full fine-tuning)."""
         if self.lora_settings is not None and self.lora_settings.vision and freeze_vision:
@@ -172,6 +173,7 @@ class VLMModule(L.LightningModule):
             temperature=val_temperature,
             # Checked now, so a bad judge URL fails before any model is loaded.
             judge=JudgeSettings(**val_judge) if val_judge else None,
+            record_extras=self.val_record_extras,
         )
         # Registered here, so the metrics move with the module and the strategy reaches them.
         self.val_scores = self.evaluator.metrics
@@ -451,9 +453,21 @@ class VLMModule(L.LightningModule):
         n = sampling.n
         texts = [c.text for c in played.completions]
         if n == 1:  # the greedy answers are the ones counted
-            frames = [e.served_frames for e in played.episodes]
-            self._val_tool_counts = list(zip(played.requests, frames, strict=True))
+            tokenizer = self.processor.tokenizer
+            self._val_tool_records = [
+                {
+                    "frame_requests": requests,
+                    "frames_served": episode.served_frames,
+                    "turns": tokenizer.decode(episode.sampled_ids, skip_special_tokens=True),
+                }
+                for requests, episode in zip(played.requests, played.episodes, strict=True)
+            ]
         return [texts[k * n : (k + 1) * n] for k in range(len(requests))]
+
+    def val_record_extras(self) -> list[dict[str, Any]]:
+        """What the last greedy validation answers add to their records (tool use: requests,
+        frames served, every turn the model wrote); nothing for single-turn answers."""
+        return self._val_tool_records
 
     @property
     def val_results(self) -> list[ValidationResult]:
@@ -472,13 +486,14 @@ class VLMModule(L.LightningModule):
         self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._val_tool_counts = []
+        self._val_tool_records = []
         self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
-        if self._val_tool_counts:
-            size = len(self._val_tool_counts)
+        if self._val_tool_records:
+            size = len(self._val_tool_records)
             overview = [int(m.get("num_frames", 0)) for m in batch["meta"]]
-            requests = sum(r for r, _ in self._val_tool_counts) / size
-            frames = sum(o + f for o, (_, f) in zip(overview, self._val_tool_counts, strict=True)) / size
+            requests = sum(r["frame_requests"] for r in self._val_tool_records) / size
+            served = [r["frames_served"] for r in self._val_tool_records]
+            frames = sum(o + f for o, f in zip(overview, served, strict=True)) / size
             self.log(
                 "val/requests_per_answer", requests, batch_size=size, sync_dist=True, add_dataloader_idx=False
             )

@@ -117,3 +117,8 @@ def test_validation_runs_tool_use_episodes(asking_model_dir: Path, synth_dir: Pa
     assert float(metrics["val/requests_per_answer"]) == 3.0
     assert float(metrics["val/frames_per_answer"]) == 8.0
     assert float(metrics["val/accuracy"]) == 0.0
+    # Each answer's record keeps its requests, frames served and every turn the model wrote.
+    (result,) = module.val_results
+    assert {r["frame_requests"] for r in result.predictions} == {3}
+    assert {r["frames_served"] for r in result.predictions} == {0}
+    assert all(r["turns"].count("</tool_call>") == 3 for r in result.predictions)
