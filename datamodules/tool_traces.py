@@ -51,26 +51,34 @@ class ToolTraces:
 class StoredVideo:
     """A sample's encoded video, kept for the frames tool (a :class:`~core.frame_requests.FrameSource`):
     requested frames are decoded at the data's pixel budget and patch rounding, so a segment
-    looks like the rest of the video. Picklable (it travels from dataloader workers in ``meta``);
-    a plain class, not a dataclass, so that Lightning's batch transfer passes it through as is."""
+    looks like the rest of the video.
+
+    The bytes are held in a uint8 tensor: from a dataloader worker a tensor travels through
+    shared memory, while plain bytes would be pickled into the worker's result pipe (slow for a
+    long video, and a worker whose parent was killed then never exits: its queue's feeder thread
+    blocks on the full pipe). A plain class, not a dataclass, so that Lightning's batch transfer
+    passes it through as it is.
+    """
 
     def __init__(
         self, key: str, data: bytes, source_fps: float, num_frames: int, max_pixels: int, factor: int
     ) -> None:
         self.key = key
-        self.data = data
+        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self.source_fps = source_fps
         self.num_frames = num_frames
         self.max_pixels = max_pixels
         self.factor = factor
 
     def __repr__(self) -> str:
-        size = f"{len(self.data)} bytes, {self.num_frames} frames at {self.source_fps:g} fps"
+        size = f"{self.data.numel()} bytes, {self.num_frames} frames at {self.source_fps:g} fps"
         return f"StoredVideo({self.key!r}, {size})"
 
     def read(self, frame_indices: Sequence[int]) -> np.ndarray:
         try:
-            return decode_frames(self.data, frame_indices, self.max_pixels, factor=self.factor).frames
+            return decode_frames(
+                self.data.numpy().tobytes(), frame_indices, self.max_pixels, factor=self.factor
+            ).frames
         except VideoDecodeError as error:
             raise RequestRejected(UNREADABLE_FRAMES, f"the video cannot be read there: {error}") from None
 
