@@ -137,3 +137,21 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     first = int(segment_t[0])
     assert sorted(set((segment_t - first).tolist())) == [0, int((3.0 - 1.0) * rule.tokens_per_second)]
     assert int(slots.sum()) == len(prompt.layout.video_slots.nonzero()) + len(group[0].segments[0].embeds)
+
+
+def test_frames_the_video_cannot_give_are_a_rejection_and_cost_no_budget(prompt) -> None:
+    from core.frame_requests import UNREADABLE_FRAMES, RequestRejected
+    from rollout.episodes import EpisodeVideo
+
+    def damaged(indices):
+        raise RequestRejected(UNREADABLE_FRAMES, "the stream ends before frame 2")
+
+    source = EpisodeVideo(prompt.source.key, prompt.source.source_fps, prompt.source.num_frames, damaged)
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    engine = ScriptedEngine([[prompt.request_ids(1, 5), answer], [answer]])
+    sampling = SamplingConfig(n=2, max_new_tokens=64, seed=0)
+    (group,), stats = run_episodes(engine, [prompt.request()], [source], sampling, prompt.tool(BUDGET))
+    assert dict(stats.rejected) == {UNREADABLE_FRAMES: 1} and stats.served_frames == 0
+    assert group[0].segments == [] and group[0].served_frames == 0 and group[0].turns == 2
+    reply = [t for t, s in zip(group[0].token_ids, group[0].sampled, strict=True) if not s]
+    assert f"no frames ({UNREADABLE_FRAMES})" in prompt.processor.tokenizer.decode(reply)
