@@ -28,10 +28,10 @@ COMMANDS = {
     "validate": "evaluate a model on the validation shards (accuracy table, predictions)",
     "test": "Lightning's test loop (lvrl's modules evaluate with validate: --data.val_shards)",
     "predict": "Lightning's predict loop (likewise: use validate, which writes every prediction)",
-    "data": "data synth: the demo's synthetic task; data build: shards from a JSONL file and videos",
+    "data": "data synth, data zoom: the synthetic tasks; data build: shards from released/benchmark files",
     "model": "model build: a Qwen2.5-VL model from a preset; model export: a checkpoint as an HF directory",
     "plan": "per-GPU memory of a config before launching it: fits or not, what to change",
-    "report": "report compare: accuracy of evaluations side by side; report curve: plots of logged metrics",
+    "report": "report compare: evaluations side by side; report curve, report frames: plots",
 }
 
 
