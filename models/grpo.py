@@ -407,6 +407,7 @@ class GRPOModule(VLMModule):
                 entropy=entropy,
                 share_prompts=bool(self.hparams.share_prompt_prefix),
                 video_embeds=video_embeds,
+                segment_embeds=segment_embeds,
             )
         return completion_logprobs(
             model,

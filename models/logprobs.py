@@ -47,18 +47,16 @@ def completion_logprobs(
     """
     device = next(model.parameters()).device
     family = family_of(model.config)
-    if segment_embeds is not None and any(
-        family.split_encoding(e)[1] is not None for row in segment_embeds for e in row
-    ):
-        raise NotImplementedError(f"tool-use episodes of {family.name} (per-token visual features): not yet")
     embeddings = input_embeddings(model, batch, video_embeds, device, segment_embeds)
     groups = first_row_of_prompt(batch) if share_prompts else []
     if len(set(groups)) < len(groups):
         first_logits, completion_logits = _shared_prompt_logits(
-            model, family, batch, embeddings, video_embeds, groups, device
+            model, family, batch, embeddings, video_embeds, segment_embeds, groups, device
         )
     else:
-        visual = _visual(family, batch.video_mask, batch, video_embeds, range(len(batch.prompt_of_row)))
+        rows = range(len(batch.prompt_of_row))
+        encodings = [e for row in rows for e in row_encodings(batch, row, video_embeds, segment_embeds)]
+        visual = _visual(family, batch.video_mask, encodings)
         first_logits, completion_logits = _full_sequence_logits(
             model, family, batch, embeddings, visual, device
         )
@@ -121,15 +119,30 @@ def input_embeddings(
     return embeddings.masked_scatter(slots.unsqueeze(-1), cached)
 
 
-def _visual(
-    family: ModelFamily,
-    mask: torch.Tensor,
+def row_encodings(
     batch: ScoringBatch,
+    row: int,
     video_embeds: Sequence[torch.Tensor | None],
-    rows: Sequence[int],
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
+    prompt: bool = True,
+    segments: bool = True,
+) -> list[torch.Tensor]:
+    """The cached encodings whose visual tokens ``row`` holds, in the order they stand: its
+    prompt's video (with ``prompt``), then its tool segments (with ``segments``)."""
+    encodings = []
+    cached = video_embeds[batch.prompt_of_row[row]]
+    if prompt and cached is not None:
+        encodings.append(cached)
+    if segments and segment_embeds is not None:
+        encodings.extend(segment_embeds[row])
+    return encodings
+
+
+def _visual(
+    family: ModelFamily, mask: torch.Tensor, encodings: Sequence[torch.Tensor]
 ) -> VisualFeatures | None:
-    """The features to inject for rows ``rows`` whose visual tokens ``mask`` marks."""
-    extra = family.visual_extras(batch, video_embeds, rows)
+    """The features to inject at the visual tokens ``mask`` marks, which hold ``encodings`` in order."""
+    extra = family.visual_extras(encodings)
     if extra is None:
         return None
     return VisualFeatures(mask.to(extra.device), extra)
@@ -171,6 +184,7 @@ def _shared_prompt_logits(
     batch: ScoringBatch,
     embeddings: torch.Tensor,
     video_embeds: Sequence[torch.Tensor | None],
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
     groups: list[int],
     device: torch.device,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,8 +198,10 @@ def _shared_prompt_logits(
     lengths = torch.tensor([batch.prompt_lengths[r] for r in leaders])
     prompt_len = int(lengths.max())
     prompt_mask = (torch.arange(prompt_len).unsqueeze(0) < lengths.unsqueeze(1)).long().to(device)
-    # The completions hold no video slot: only the prompt pass gets the per-visual-token features.
-    visual = _visual(family, batch.video_mask[leaders, :prompt_len], batch, video_embeds, leaders)
+    # Per-visual-token features: the prompts' videos' in this pass, a tool-use episode's segments'
+    # (in its completion) in the next.
+    prompt_videos = [e for row in leaders for e in row_encodings(batch, row, video_embeds, None)]
+    visual = _visual(family, batch.video_mask[leaders, :prompt_len], prompt_videos)
     prompt_pass = family.forward(
         model,
         visual=visual,
@@ -213,7 +229,17 @@ def _shared_prompt_logits(
     lengths_after = torch.tensor(batch.completion_lengths()).unsqueeze(1)
     completion_attention = (torch.arange(width).unsqueeze(0) < lengths_after).long().to(device)
     attention_mask = torch.cat([prompt_mask[slot], completion_attention], dim=1)
-    completion_pass = model(
+    completion_slots = torch.stack(
+        [_pad_columns(batch.video_mask[i, s : s + width], width) for i, s in enumerate(starts)]
+    )
+    segments = [
+        encoding
+        for row in range(len(starts))
+        for encoding in row_encodings(batch, row, video_embeds, segment_embeds, prompt=False)
+    ]
+    completion_pass = family.forward(
+        model,
+        visual=_visual(family, completion_slots, segments),
         inputs_embeds=completion_embeds,
         attention_mask=attention_mask,
         position_ids=positions.to(device),

@@ -48,8 +48,10 @@ class ScoringRows:
     """``(rows, length)`` True at the video slots (a family with per-visual-token features, Qwen3-VL's
     DeepStack, injects them there)."""
     source_rows: list[int]
-    """The batch row whose prompt (and video) each row holds: a row's visual tokens are that
-    row's video slots, in order."""
+    """The batch row whose prompt (and video) each row holds."""
+    segment_rows: list[list[int]]
+    """The batch rows whose completions (and their tool segments, in a tool-use episode) each
+    row holds, in order: a row's visual tokens are its prompt video's, then those segments'."""
 
     def padded_to(self, multiple: int) -> ScoringRows:
         """Right-padded to a width that divides by ``multiple`` (padding is never attended by a
@@ -68,6 +70,7 @@ class ScoringRows:
             self.spans,
             pad(self.visual_mask, (0, missing), value=False),
             self.source_rows,
+            self.segment_rows,
         )
 
 
@@ -97,7 +100,14 @@ def whole_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> ScoringRows:
     targets[:, : length - 1] = batch.input_ids[:, 1:]
     spans = [(i, start - 1, completion_count(batch, i)) for i, start in enumerate(batch.prompt_lengths)]
     return ScoringRows(
-        embeddings, batch.position_ids, targets, None, spans, batch.video_mask, list(range(rows))
+        embeddings,
+        batch.position_ids,
+        targets,
+        None,
+        spans,
+        batch.video_mask,
+        list(range(rows)),
+        [[row] for row in range(rows)],
     )
 
 
@@ -113,9 +123,10 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
     spans: dict[int, tuple[int, int, int]] = {}
     for packed, (prompt, leader) in enumerate(leaders.items()):
         start = batch.prompt_lengths[leader]
-        ids, parts, positions, segments = [], [], [], []
+        ids, parts, positions, segments, visual = [], [], [], [], []
         shared = slice(0, start - 1)
         ids.append(batch.input_ids[leader, shared])
+        visual.append(batch.video_mask[leader, shared])
         parts.append(embeddings[leader, shared])
         positions.append(batch.position_ids[:, leader, shared])
         segments.append(torch.full((start - 1,), SHARED, dtype=torch.long))
@@ -124,6 +135,7 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
             count = completion_count(batch, row)
             own = slice(start - 1, start + count)  # the prompt's last token, then the completion
             ids.append(batch.input_ids[row, own])
+            visual.append(batch.video_mask[row, own])  # a tool-use episode's segments
             parts.append(embeddings[row, own])
             positions.append(batch.position_ids[:, row, own])
             segments.append(torch.full((count + 1,), segment, dtype=torch.long))
@@ -135,25 +147,23 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
         segment_ids = torch.cat(segments)
         follows = segment_ids[1:] == segment_ids[:-1]
         targets[:-1] = torch.where(follows, token_ids[1:], 0)
-        pieces.append((torch.cat(parts), torch.cat(positions, dim=1), targets, segment_ids))
+        pieces.append(
+            (torch.cat(parts), torch.cat(positions, dim=1), targets, segment_ids, torch.cat(visual))
+        )
     width = max(len(p[2]) for p in pieces)
     rows, hidden = len(pieces), embeddings.shape[2]
     packed_embeddings = embeddings.new_zeros(rows, width, hidden)
     packed_positions = torch.zeros(3, rows, width, dtype=batch.position_ids.dtype)
     packed_targets = torch.zeros(rows, width, dtype=torch.long)
     packed_segments = torch.full((rows, width), PADDING, dtype=torch.long)
-    # Video slots of the shared prompt (a tool-use episode's segments, in its completion, carry no
-    # per-visual-token features here: a family with them refuses such rows).
     packed_visual = torch.zeros(rows, width, dtype=torch.bool)
-    for row, (row_embeddings, row_positions, row_targets, row_segments) in enumerate(pieces):
+    for row, (row_embeddings, row_positions, row_targets, row_segments, row_visual) in enumerate(pieces):
         length = len(row_targets)
         packed_embeddings[row, :length] = row_embeddings
         packed_positions[:, row, :length] = row_positions
         packed_targets[row, :length] = row_targets
         packed_segments[row, :length] = row_segments
-    for row, leader in enumerate(leaders.values()):
-        shared = batch.prompt_lengths[leader] - 1
-        packed_visual[row, :shared] = batch.video_mask[leader, :shared]
+        packed_visual[row, :length] = row_visual
     return ScoringRows(
         packed_embeddings,
         packed_positions,
@@ -162,6 +172,7 @@ def shared_prompt_rows(batch: ScoringBatch, embeddings: torch.Tensor) -> Scoring
         [spans[row] for row in range(len(batch.prompt_of_row))],
         packed_visual,
         list(leaders.values()),
+        [members[prompt] for prompt in leaders],
     )
 
 

@@ -35,8 +35,9 @@ import torch.distributed as dist
 
 from core.layout import ScoringBatch
 from models.families import VisualFeatures, family_of
+from models.logprobs import row_encodings
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
-from parallel.packing import shared_prompt_rows, whole_rows
+from parallel.packing import ScoringRows, shared_prompt_rows, whole_rows
 from parallel.shard import SequenceShard
 
 
@@ -75,6 +76,7 @@ def sequence_parallel_completion_logprobs(
     entropy: torch.Tensor | None = None,
     share_prompts: bool = False,
     video_embeds: Sequence[torch.Tensor | None] | None = None,
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """``(rows, max_completion_len)`` completion log-probs, as :func:`models.logprobs.completion_logprobs`.
 
@@ -87,16 +89,10 @@ def sequence_parallel_completion_logprobs(
     does not divide into ``shard.length_multiple`` parts is right-padded first. ``video_embeds``
     (the prompts' cached encodings, as ``completion_logprobs`` takes them) are needed only by a
     family with per-visual-token features (Qwen3-VL's DeepStack): each rank injects those of
-    its own positions' visual tokens.
+    its own positions' visual tokens; with them, ``segment_embeds`` (a tool-use episode's
+    segments per row, as ``completion_logprobs`` takes them) too.
     """
     family = family_of(model.config)
-    episode_rows = any(bool(batch.video_mask[i, p:].any()) for i, p in enumerate(batch.prompt_lengths))
-    if (
-        episode_rows
-        and video_embeds is not None
-        and any(e is not None and family.split_encoding(e)[1] is not None for e in video_embeds)
-    ):
-        raise NotImplementedError(f"tool-use episodes of {family.name} (per-token visual features): not yet")
     if model.config._attn_implementation != SEQUENCE_PARALLEL_ATTENTION:
         model.set_attn_implementation(register_sequence_parallel_attention())
     device = embeddings.device
@@ -118,7 +114,9 @@ def sequence_parallel_completion_logprobs(
     # the pass. A rank holding only prompt positions keeps none.
     keep = torch.nonzero(mine >= min(first for _, first, _ in scoring.spans)).squeeze(1)
     segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
-    extra = None if video_embeds is None else family.visual_extras(batch, video_embeds, scoring.source_rows)
+    extra = None
+    if video_embeds is not None:
+        extra = family.visual_extras(_encodings_in_order(scoring, batch, video_embeds, segment_embeds))
     visual = None
     if extra is not None:
         visual = VisualFeatures(scoring.visual_mask, extra.to(device)).select(columns=mine)
@@ -157,6 +155,22 @@ def sequence_parallel_completion_logprobs(
     if entropy is not None:
         entropy.mul_(mask)
     return out * mask
+
+
+def _encodings_in_order(
+    scoring: ScoringRows,
+    batch: ScoringBatch,
+    video_embeds: Sequence[torch.Tensor | None],
+    segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
+) -> list[torch.Tensor]:
+    """The cached encodings whose visual tokens ``scoring``'s rows hold, in the order they stand:
+    per row, its prompt's video, then the tool segments of each completion it holds."""
+    encodings = []
+    for source, completions in zip(scoring.source_rows, scoring.segment_rows, strict=True):
+        encodings += row_encodings(batch, source, video_embeds, None)
+        for row in completions:
+            encodings += row_encodings(batch, row, video_embeds, segment_embeds, prompt=False)
+    return encodings
 
 
 def sum_gradients_over(parameters: Sequence[torch.nn.Parameter], group: dist.ProcessGroup) -> None:

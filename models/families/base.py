@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from core.layout import PositionRule, ScoringBatch
+from core.layout import PositionRule
 from core.positions import TemporalRule
 from core.video import VideoEmbedding
 
@@ -180,21 +180,14 @@ class ModelFamily:
         the family has none)."""
         return cached, None
 
-    def visual_extras(
-        self, batch: ScoringBatch, video_embeds: Sequence[torch.Tensor | None], rows: Sequence[int]
-    ) -> torch.Tensor | None:
-        """The extra per-visual-token features (DeepStack) of ``rows``' prompts' videos, in row
-        order (the order a mask of those rows lists its visual tokens); None: the family has none."""
-        extras = []
-        for row in rows:
-            cached = video_embeds[batch.prompt_of_row[row]]
-            if cached is None:
-                continue
-            extra = self.split_encoding(cached)[1]
-            if extra is None:
-                return None
-            extras.append(extra)
-        return torch.cat(extras) if extras else None
+    def visual_extras(self, encodings: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """The extra per-visual-token features (DeepStack) of the cached ``encodings``, in the
+        order given (the order their visual tokens stand in the rows, as a mask of those rows
+        lists them); None: the family has none, or there are no encodings."""
+        extras = [self.split_encoding(cached)[1] for cached in encodings]
+        if not extras or any(extra is None for extra in extras):
+            return None
+        return torch.cat([extra for extra in extras if extra is not None])
 
     def forward(self, model: torch.nn.Module, *, visual: VisualFeatures | None = None, **kwargs: Any) -> Any:
         """The model's forward on ``inputs_embeds`` (video slots already filled), with the

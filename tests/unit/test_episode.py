@@ -64,11 +64,12 @@ def test_the_episode_keeps_what_was_sampled_and_the_engines_form() -> None:
         ToolReply([20, VIDEO], [False, True], None)
 
 
-@pytest.fixture(scope="module")
-def real_episodes(tiny_model_dir: Path, synth_dir: Path) -> dict:
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def real_episodes(request: pytest.FixtureRequest, family_model_dir, synth_dir: Path) -> dict:
     """Two episodes of one real video prompt, each with a different served segment of 4 frames
-    (every 2nd source frame: 1 s apart at 2 fps), then a last turn."""
-    prompt = video_prompt(tiny_model_dir, synth_dir)
+    (every 2nd source frame: 1 s apart at 2 fps), then a last turn; for Qwen2.5-VL (time in the
+    positions) and Qwen3-VL (time as text, DeepStack features at every visual token)."""
+    prompt = video_prompt(family_model_dir(request.param), synth_dir)
     episodes, pixels, grids = [], [prompt.pixel_values_videos], [prompt.video_grid_thw]
     for first in (2, 10):
         episode, segment_pixels, grid = prompt.served_episode(tuple(range(first, first + 8, 2)))
@@ -94,6 +95,8 @@ def test_episode_rows_score_as_the_models_own_forward_from_pixels(real_episodes:
     assert all(len(e.segments) == 1 for e in episodes)
     # Frames 1 s apart, 2 per temporal patch: 2 s per patch.
     assert [e.segments[0].second_per_grid for e in episodes] == [2.0, 2.0]
+    deepstack = family.split_encoding(episodes[0].segments[0].embeds)[1]
+    assert (deepstack is not None) == (family.name == "qwen3_vl")
     scoring = episode_scoring_batch(episodes, [0, 0], family.position_rule, pad_token_id=real_episodes["pad"])
     segments = [[e.segments[0].embeds] for e in episodes]
     expected = torch.zeros(scoring.completion_mask.shape)

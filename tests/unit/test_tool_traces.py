@@ -39,10 +39,11 @@ def zoom_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def collated(zoom_dir: Path, tiny_model_dir: Path) -> dict:
-    processor = AutoProcessor.from_pretrained(tiny_model_dir)
-    family = family_of(load_model(tiny_model_dir).config)
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def collated(request: pytest.FixtureRequest, zoom_dir: Path, family_model_dir) -> dict:
+    model_dir = family_model_dir(request.param)
+    processor = AutoProcessor.from_pretrained(model_dir)
+    family = family_of(load_model(model_dir).config)
     stream = VideoQAStream(
         resolve_shards(str(zoom_dir / "val-*.tar")),
         num_frames=16,
@@ -51,7 +52,13 @@ def collated(zoom_dir: Path, tiny_model_dir: Path) -> dict:
     )
     samples = list(stream)
     collator = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 28))
-    return {"processor": processor, "family": family, "samples": samples, "batch": collator(samples)}
+    return {
+        "model_dir": model_dir,
+        "processor": processor,
+        "family": family,
+        "samples": samples,
+        "batch": collator(samples),
+    }
 
 
 def test_a_trace_row_is_the_episode_a_rollout_would_play(collated: dict) -> None:
@@ -103,8 +110,8 @@ def test_a_trace_row_is_the_episode_a_rollout_would_play(collated: dict) -> None
     assert batch["target_second_per_grid_ts"][1::2].tolist() == [2.0] * len(samples)
 
 
-def test_sft_trains_on_trace_rows(collated: dict, tiny_model_dir: Path) -> None:
-    module = SFTModule(str(tiny_model_dir))
+def test_sft_trains_on_trace_rows(collated: dict) -> None:
+    module = SFTModule(str(collated["model_dir"]))
     module.configure_model()
     batch = collated["batch"]
     loss = module.token_mean_loss(batch)
