@@ -149,7 +149,7 @@ class ScoringBatch:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     video_mask: torch.Tensor
-    """Video slots (prompt placeholders only)."""
+    """Video slots: the prompt's placeholders, and a tool-use episode's segments' in its completion."""
     position_ids: torch.Tensor
     """``(3, batch, length)`` M-RoPE positions (0 at padding)."""
     prompt_lengths: list[int]
@@ -166,6 +166,25 @@ class ScoringBatch:
         ``completion_mask`` marks them all; in a tool-use episode the mask leaves out the tool's
         replies (:func:`core.episode.episode_scoring_batch`)."""
         return [int(self.attention_mask[i].sum()) - p for i, p in enumerate(self.prompt_lengths)]
+
+    def encodings_of(
+        self,
+        row: int,
+        video_embeds: Sequence[torch.Tensor | None],
+        segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
+        prompt: bool = True,
+        segments: bool = True,
+    ) -> list[torch.Tensor]:
+        """The cached encodings whose visual tokens ``row`` holds, in the order they stand: its
+        prompt's video (``video_embeds`` are per prompt; with ``prompt``), then its tool segments
+        (``segment_embeds`` per row; with ``segments``)."""
+        encodings = []
+        cached = video_embeds[self.prompt_of_row[row]]
+        if prompt and cached is not None:
+            encodings.append(cached)
+        if segments and segment_embeds is not None:
+            encodings.extend(segment_embeds[row])
+        return encodings
 
     def select(self, rows: Sequence[int]) -> ScoringBatch:
         """The given rows, in that order (a micro-batch, or the rows that train); padding columns are kept."""

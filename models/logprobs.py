@@ -55,7 +55,7 @@ def completion_logprobs(
         )
     else:
         rows = range(len(batch.prompt_of_row))
-        encodings = [e for row in rows for e in row_encodings(batch, row, video_embeds, segment_embeds)]
+        encodings = [e for row in rows for e in batch.encodings_of(row, video_embeds, segment_embeds)]
         visual = _visual(family, batch.video_mask, encodings)
         first_logits, completion_logits = _full_sequence_logits(
             model, family, batch, embeddings, visual, device
@@ -101,12 +101,11 @@ def input_embeddings(
     then its tool segments' (the placeholder part of each cached encoding,
     :meth:`models.families.ModelFamily.split_encoding`)."""
     embeddings = model.get_input_embeddings()(batch.input_ids.to(device))
-    present = []
-    for row, prompt in enumerate(batch.prompt_of_row):
-        if video_embeds[prompt] is not None:
-            present.append(video_embeds[prompt])
-        if segment_embeds is not None:
-            present.extend(segment_embeds[row])
+    present = [
+        encoding
+        for row in range(len(batch.prompt_of_row))
+        for encoding in batch.encodings_of(row, video_embeds, segment_embeds)
+    ]
     if not present:
         return embeddings
     family = family_of(model.config)
@@ -117,25 +116,6 @@ def input_embeddings(
     if int(slots.sum()) != cached.shape[0]:
         raise ValueError(f"{int(slots.sum())} video slots but {cached.shape[0]} cached visual tokens")
     return embeddings.masked_scatter(slots.unsqueeze(-1), cached)
-
-
-def row_encodings(
-    batch: ScoringBatch,
-    row: int,
-    video_embeds: Sequence[torch.Tensor | None],
-    segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
-    prompt: bool = True,
-    segments: bool = True,
-) -> list[torch.Tensor]:
-    """The cached encodings whose visual tokens ``row`` holds, in the order they stand: its
-    prompt's video (with ``prompt``), then its tool segments (with ``segments``)."""
-    encodings = []
-    cached = video_embeds[batch.prompt_of_row[row]]
-    if prompt and cached is not None:
-        encodings.append(cached)
-    if segments and segment_embeds is not None:
-        encodings.extend(segment_embeds[row])
-    return encodings
 
 
 def _visual(
@@ -200,7 +180,7 @@ def _shared_prompt_logits(
     prompt_mask = (torch.arange(prompt_len).unsqueeze(0) < lengths.unsqueeze(1)).long().to(device)
     # Per-visual-token features: the prompts' videos' in this pass, a tool-use episode's segments'
     # (in its completion) in the next.
-    prompt_videos = [e for row in leaders for e in row_encodings(batch, row, video_embeds, None)]
+    prompt_videos = [e for row in leaders for e in batch.encodings_of(row, video_embeds, None)]
     visual = _visual(family, batch.video_mask[leaders, :prompt_len], prompt_videos)
     prompt_pass = family.forward(
         model,
@@ -235,7 +215,7 @@ def _shared_prompt_logits(
     segments = [
         encoding
         for row in range(len(starts))
-        for encoding in row_encodings(batch, row, video_embeds, segment_embeds, prompt=False)
+        for encoding in batch.encodings_of(row, video_embeds, segment_embeds, prompt=False)
     ]
     completion_pass = family.forward(
         model,

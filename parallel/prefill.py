@@ -35,7 +35,6 @@ import torch.distributed as dist
 
 from core.layout import ScoringBatch
 from models.families import VisualFeatures, family_of
-from models.logprobs import row_encodings
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
 from parallel.packing import ScoringRows, shared_prompt_rows, whole_rows
 from parallel.shard import SequenceShard
@@ -167,9 +166,9 @@ def _encodings_in_order(
     per row, its prompt's video, then the tool segments of each completion it holds."""
     encodings = []
     for source, completions in zip(scoring.source_rows, scoring.segment_rows, strict=True):
-        encodings += row_encodings(batch, source, video_embeds, None)
+        encodings += batch.encodings_of(source, video_embeds, None)
         for row in completions:
-            encodings += row_encodings(batch, row, video_embeds, segment_embeds, prompt=False)
+            encodings += batch.encodings_of(row, video_embeds, segment_embeds, prompt=False)
     return encodings
 
 
