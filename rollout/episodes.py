@@ -95,7 +95,7 @@ class FrameTool:
         try:
             plan = state.serve(body, source_fps=video.source_fps, num_frames=video.num_frames)
         except RequestRejected as rejected:
-            return tokenize_reply(self.processor, self.family, rejected_text(rejected)), None, rejected.reason
+            return self._rejection(rejected)
         key = (video.key, plan.frame_indices)
         if key in cache.entries:
             cache.hits += 1
@@ -104,11 +104,7 @@ class FrameTool:
                 frames = video.read(plan.frame_indices)
             except RequestRejected as rejected:  # the source could not decode them
                 state.frames -= len(plan.frame_indices)  # nothing was served
-                return (
-                    tokenize_reply(self.processor, self.family, rejected_text(rejected)),
-                    None,
-                    rejected.reason,
-                )
+                return self._rejection(rejected)
             inputs = tokenize_reply(self.processor, self.family, served_text(plan), (plan, frames))
             assert inputs.pixel_values_videos is not None and inputs.video_grid_thw is not None
             with torch.no_grad():
@@ -117,6 +113,10 @@ class FrameTool:
             cache.encoded_frames += len(plan.frame_indices)
         inputs, embeds = cache.entries[key]
         return inputs, embeds, None
+
+    def _rejection(self, rejected: RequestRejected) -> tuple[ReplyInputs, None, str]:
+        """The text reply to a request that got no frames, and its reason."""
+        return tokenize_reply(self.processor, self.family, rejected_text(rejected)), None, rejected.reason
 
 
 @dataclass

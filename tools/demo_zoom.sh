@@ -21,23 +21,22 @@ if [ ! -f "$run_dir/model-small/config.json" ]; then
   "$lvrl" model build --preset small --out "$run_dir/model-small" --corpus "$data_dir"/train-00000.tar
 fi
 
+# train_and_evaluate NAME CONFIG START: fit CONFIG from the model START into $run_dir/NAME, then
+# answer the held-out questions with its export into $run_dir/NAME-eval.
+train_and_evaluate() {
+  local name=$1 config=$2 start_from=$3
+  "$lvrl" fit --config "$config" --trainer.default_root_dir "$run_dir/$name" \
+    --model.init_args.model_path "$start_from" "${data_args[@]}"
+  "$lvrl" validate --config "$config" --trainer.default_root_dir "$run_dir/$name-eval" \
+    --model.init_args.model_path "$run_dir/$name/hf" "${data_args[@]}" "${held_out[@]}"
+}
+
 echo "== CoT-SFT on tool traces"
-"$lvrl" fit --config configs/zoom/sft_tool.yaml --trainer.default_root_dir "$run_dir/sft-tool" \
-  --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
-"$lvrl" validate --config configs/zoom/sft_tool.yaml --trainer.default_root_dir "$run_dir/sft-tool-eval" \
-  --model.init_args.model_path "$run_dir/sft-tool/hf" "${data_args[@]}" "${held_out[@]}"
-
+train_and_evaluate sft-tool configs/zoom/sft_tool.yaml "$run_dir/model-small"
 echo "== CoT-SFT on dense frames (the baseline)"
-"$lvrl" fit --config configs/zoom/sft_dense.yaml --trainer.default_root_dir "$run_dir/sft-dense" \
-  --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
-"$lvrl" validate --config configs/zoom/sft_dense.yaml --trainer.default_root_dir "$run_dir/sft-dense-eval" \
-  --model.init_args.model_path "$run_dir/sft-dense/hf" "${data_args[@]}" "${held_out[@]}"
-
+train_and_evaluate sft-dense configs/zoom/sft_dense.yaml "$run_dir/model-small"
 echo "== GRPO with frame requests"
-"$lvrl" fit --config configs/zoom/grpo_tool.yaml --trainer.default_root_dir "$run_dir/grpo-tool" \
-  --model.init_args.model_path "$run_dir/sft-tool/hf" "${data_args[@]}"
-"$lvrl" validate --config configs/zoom/grpo_tool.yaml --trainer.default_root_dir "$run_dir/grpo-tool-eval" \
-  --model.init_args.model_path "$run_dir/grpo-tool/hf" "${data_args[@]}" "${held_out[@]}"
+train_and_evaluate grpo-tool configs/zoom/grpo_tool.yaml "$run_dir/sft-tool/hf"
 
 echo "== held-out accuracy"
 "$lvrl" report compare --run "tool SFT=$run_dir/sft-tool-eval" --run "tool GRPO=$run_dir/grpo-tool-eval" \
