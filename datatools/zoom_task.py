@@ -22,10 +22,11 @@ frames by chance only: a 16-frame overview (one frame every 8 s) sees each with 
 a marker covers one): the tool's 32-frame budget holds the answer, the overview does not.
 
 Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
-sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers: 00:35 red top
-left, 00:41 green bottom right."), and ``extra["tool_trace"]``: the first turn that asks for the
-stretch (the reasoning that locates it, then the request in the tool's syntax) and the last
-turn's reasoning about what the reply shows. The ground truth stays in ``extra["zoom"]``.
+sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers: red top left at
+00:35, green bottom right at 00:41.": when each appears), and ``extra["tool_trace"]``: the
+first turn that asks for the stretch (the reasoning that locates it, then the request in the
+tool's syntax) and the last turn's reasoning about what the reply shows (each marker at the
+time of the frame it is seen in). The ground truth stays in ``extra["zoom"]``.
 
 Generation is deterministic and order-free, as the scenes task's
 (:func:`datatools.synthetic.sample_rngs`): the same seed gives byte-identical rows and videos.
@@ -201,11 +202,20 @@ def question_of(category: str, markers: list[Marker]) -> tuple[tuple[str, ...], 
     raise ValueError(f"unknown category {category!r}; expected one of {CATEGORIES}")
 
 
-def _seen(config: ZoomConfig, markers: list[Marker]) -> str:
+def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = None) -> str:
+    """The markers in time order, each as its colour, its corner and when it is seen: the first
+    of ``frames`` that shows it (None: when it appears). Colour and corner come first: a model
+    that misreads a time still says what it saw."""
     if not markers:
         return "No marker appears in it."
+
+    def seen_at(marker: Marker) -> int:
+        if frames is None:
+            return marker.start_frame
+        return next(i for i in frames if marker.start_frame <= i < marker.start_frame + config.marker_frames)
+
     listed = ", ".join(
-        f"{format_timestamp(m.start_frame / config.fps)} {m.color} {m.corner}" for m in markers
+        f"{m.color} {m.corner} at {format_timestamp(seen_at(m) / config.fps)}" for m in markers
     )
     return f"Markers: {listed}."
 
@@ -235,7 +245,8 @@ def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.rand
         },
         "tool_trace": {
             "first_turn": f"<think>{located}</think>\n{request_text(start_s, end_s, config.request_fps)}",
-            "final_reasoning": _seen(config, markers),
+            # What the requested frames show (a marker at the time of the frame it is seen in).
+            "final_reasoning": _seen(config, markers, request_frames(config, landmark)),
             "request": {"start_s": start_s, "end_s": end_s, "fps": config.request_fps},
         },
         "video_meta": video_meta(config.num_frames, config.fps, config.size),
@@ -275,6 +286,13 @@ def encode_sample(config: ZoomConfig, split: str, index: int) -> tuple[str, byte
     return row.problem_id, encode_mp4(frames, config.fps), row.to_json()
 
 
+def request_frames(config: ZoomConfig, slot: int) -> list[int]:
+    """The frames a request for stretch ``slot`` at ``request_fps`` is served (one every
+    ``fps / request_fps`` frames from the stretch's first)."""
+    step = round(config.fps / config.request_fps)
+    return list(range(slot * config.slot_frames, (slot + 1) * config.slot_frames, step))
+
+
 def served_markers(config: ZoomConfig, row: QARow, frame_indices: list[int]) -> str:
     """What the sampled ``frame_indices`` show of the landmark's markers (for checks and traces)."""
     shown = [
@@ -282,4 +300,4 @@ def served_markers(config: ZoomConfig, row: QARow, frame_indices: list[int]) -> 
         for m in (Marker(**m) for m in row.extra["zoom"]["markers"])
         if any(m.start_frame <= i < m.start_frame + config.marker_frames for i in frame_indices)
     ]
-    return _seen(config, shown)
+    return _seen(config, shown, sorted(frame_indices))

@@ -12,6 +12,7 @@ import pytest
 from core.frame_requests import FrameBudget, parse_request, plan_frames, request_body
 from core.qa import CATEGORIES, OPTION_LETTERS
 from datamodules.video import decode_frames, decode_video, uniform_frame_indices
+from datatools.synthetic import format_timestamp
 from datatools.zoom_task import (
     BACKGROUND,
     CORNERS,
@@ -21,6 +22,7 @@ from datatools.zoom_task import (
     encode_sample,
     make_row,
     question_of,
+    served_markers,
 )
 
 CONFIG = ZoomConfig()
@@ -84,10 +86,18 @@ def test_the_overview_misses_the_markers_and_the_request_sees_each_once(rows) ->
         assert (request.start, request.end) == tuple(row.extra["zoom"]["span_s"])
         plan = plan_frames(request, source_fps=CONFIG.fps, num_frames=CONFIG.num_frames, frames_allowed=16)
         assert len(plan.frame_indices) == 16
+        seen_in = []
         for marker in markers_of(row):
             hits = [i for i in plan.frame_indices if 0 <= i - marker["start_frame"] < CONFIG.marker_frames]
             assert len(hits) == 1, (row.problem_id, marker)
-        assert trace["final_reasoning"] in row.reasoning
+            seen_in.append(hits)
+        # The last turn says what the served frames show, each marker at the time of its frame.
+        assert trace["final_reasoning"] == served_markers(CONFIG, row, list(plan.frame_indices))
+        for marker, (hit,) in zip(markers_of(row), seen_in, strict=True):
+            assert (
+                f"{marker['color']} {marker['corner']} at {format_timestamp(hit / CONFIG.fps)}"
+                in (trace["final_reasoning"])
+            )
 
 
 def test_generation_is_deterministic() -> None:
