@@ -83,7 +83,8 @@ class RolloutCallback(Callback):
             (defaults: the batch size, 3 rounds); logged under ``sampling/``. null: off.
         overlong: DAPO's soft overlong penalty, ``{buffer, penalty}`` (:mod:`rollout.shaping`):
             a completion longer than ``max_new_tokens - buffer`` loses up to ``penalty`` of
-            reward, linearly to the budget; logged as ``reward/overlong_mean``. null: off.
+            reward, linearly to the budget (a tool-use episode: its longest turn, each turn having
+            the budget); logged as ``reward/overlong_mean``. null: off.
         mask_truncated: completions that ran out of ``max_new_tokens`` do not train (their
             group's advantages still count them); ``rollout/truncated_fraction`` is logged
             either way.

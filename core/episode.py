@@ -80,6 +80,8 @@ class Episode:
     """The tokens after the prompt as an engine that expands videos itself is given them."""
     turns: int = 0
     """Assistant turns sampled so far."""
+    turn_lengths: list[int] = field(default_factory=list)
+    """Tokens of each sampled turn, in order (each turn has the engine's ``max_new_tokens``)."""
     replies: int = 0
     """Tool replies so far (one per request answered, served or not)."""
     served_frames: int = 0
@@ -97,6 +99,7 @@ class Episode:
         self.video_slots += [False] * len(token_ids)
         self.engine_ids += token_ids
         self.turns += 1
+        self.turn_lengths.append(len(token_ids))
         self.finish_reason = finish_reason
 
     def add_reply(self, reply: ToolReply) -> None:

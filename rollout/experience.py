@@ -57,9 +57,11 @@ class ExperienceSettings:
     filter_zero_variance: bool = False
     """Drop groups whose rewards are all equal (DAPO's dynamic sampling)."""
     overlong: OverlongShaping | None = None
-    """DAPO's soft overlong penalty, added to the reward (:mod:`rollout.shaping`); None: none."""
+    """DAPO's soft overlong penalty, added to the reward (:mod:`rollout.shaping`); None: none. A
+    tool-use episode gets its longest turn's (each turn has the budget ``max_new_tokens``)."""
     mask_truncated: bool = False
-    """Leave completions that ran out of budget out of the loss (DAPO's overlong filtering)."""
+    """Leave completions that ran out of budget out of the loss (DAPO's overlong filtering); a
+    tool-use episode whose last turn ran out (a turn that runs out ends its episode)."""
     tool_use: bool = False
     """Rollouts are tool-use episodes (:mod:`rollout.episodes`): the module scores their replies' segments."""
 
@@ -68,11 +70,6 @@ class ExperienceSettings:
         if problem:
             raise ValueError(problem)
         if self.overlong is not None:
-            if self.tool_use:
-                raise ValueError(
-                    "overlong shaping of multi-turn tool-use episodes: not yet (max_new_tokens bounds "
-                    "each turn; set overlong: null)"
-                )
             self.overlong.check_budget(self.sampling.max_new_tokens)
 
     @property
@@ -250,7 +247,13 @@ def collect_rollouts(
     fields["frame_requests"] = played.requests if played is not None else [0] * len(completions)
     breakdown = compute_rewards(list(settings.rewards), texts, fields)
     if settings.overlong is not None:
-        lengths = [len(c.token_ids) for c in completions]
+        # Each turn of an episode has the whole budget: the penalty is its longest turn's (the
+        # ramp only falls with length), equal to DAPO's for a one-turn episode.
+        lengths = (
+            [max(e.turn_lengths) for e in played.episodes]
+            if played is not None
+            else [len(c.token_ids) for c in completions]
+        )
         penalties = overlong_penalties(lengths, sampling.max_new_tokens, settings.overlong)
         breakdown.per_function["overlong"] = penalties
         breakdown.total = [t + p for t, p in zip(breakdown.total, penalties, strict=True)]

@@ -109,6 +109,7 @@ def test_both_engines_continue_an_episode_as_the_trainer_scores_it(prompt, model
                 sampled=[False] * len(episode),
                 logprobs=[0.0] * len(episode),
                 video_slots=list(episode.video_slots),
+                turn_lengths=list(episode.turn_lengths),
                 segments=list(episode.segments),
                 engine_ids=list(episode.engine_ids),
             )

@@ -1,4 +1,5 @@
-"""Dynamic sampling with refill, overlong shaping and truncation masking, computed by hand.
+"""Dynamic sampling with refill, overlong shaping and truncation masking (of single turns and of
+tool-use episodes), computed by hand.
 
 The engine is scripted (each call returns the completions the test wrote for it) so that which
 groups carry signal is known in advance; everything else is the real path: prompts collated
@@ -15,10 +16,14 @@ import pytest
 import torch
 from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import assert_identical
+from transformers import AutoConfig
 
+from core.episode import Episode
+from models.families import family_of
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.episodes import EpisodeRollouts, EpisodeStats
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
@@ -248,3 +253,47 @@ def test_overlong_shaping_enters_the_reward_and_truncated_completions_leave_the_
         first, encode, ScriptedEngine([[MIXED, MIXED]]).generate, settings, step=3, pad_token_id=0
     )
     assert stopped.row_mask.tolist() == [1.0] * 6
+
+
+def test_a_tool_use_episode_is_charged_for_its_longest_turn(prompt_batches, tiny_model_dir: Path):
+    # Budget 4 tokens a turn, ramp over the last 2: a turn of 3 tokens costs 0.5, of 4 tokens 1.0.
+    # Per prompt, G episodes with turns of (1, 3), (4,) and (2, 2, 1): 5 tokens in all costs no
+    # more than its longest turn, and the second, its one turn cut at the budget, does not train.
+    turn_lengths = [(1, 3), (4,), (2, 2, 1)]
+    finishes = ["stop", "length", "stop"]
+    rule = family_of(AutoConfig.from_pretrained(tiny_model_dir)).position_rule
+
+    def play(requests: list[RolloutRequest], sampling: SamplingConfig, meta) -> EpisodeRollouts:
+        groups, completions = [], []
+        for request in requests:
+            group = []
+            for lengths, finish in zip(turn_lengths, finishes, strict=True):
+                episode = Episode(request.layout, rule=rule)
+                for n in lengths:
+                    episode.add_turn([7] * n, [-0.5] * n, finish)
+                group.append(episode)
+                completions.append(
+                    Completion(episode.sampled_ids, episode.logprobs, GOOD, episode.finish_reason)
+                )
+            groups.append(group)
+        return EpisodeRollouts(groups, completions, [len(t) - 1 for t in turn_lengths] * 2, EpisodeStats())
+
+    settings = ExperienceSettings(
+        SamplingConfig(n=G, temperature=1.0, max_new_tokens=4, seed=5),
+        (RewardSpec("format", 1.0),),
+        overlong=OverlongShaping(buffer=2),
+        mask_truncated=True,
+        tool_use=True,
+    )
+    rollouts = collect_rollouts(
+        prompt_batches[0],
+        encode,
+        None,
+        settings,
+        step=3,
+        pad_token_id=0,
+        episodes=play,  # type: ignore[arg-type]
+    )
+    assert rollouts.rewards.per_function["overlong"] == [-0.5, -1.0, 0.0] * 2
+    assert rollouts.rewards.total == [0.5, 0.0, 1.0] * 2
+    assert rollouts.row_mask.tolist() == [1.0, 0.0, 1.0] * 2
