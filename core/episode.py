@@ -47,6 +47,9 @@ class ToolReply:
     template_ids: list[int] | None = None
     """The reply as the chat template wrote it, when collapsing the placeholders does not give it
     back (Qwen3-VL writes timestamps between frames); None: collapse ``token_ids``."""
+    pixel_values_videos: torch.Tensor | None = None
+    """The served frames as the vision tower takes them (kept for a trainable tower, which
+    encodes them again with grad in the policy pass); None: not kept, or no video."""
 
     def __post_init__(self) -> None:
         if len(self.video_slots) != len(self.token_ids):
@@ -76,6 +79,8 @@ class Episode:
     """True at the placeholders of the tool's video segments."""
     segments: list[VideoEmbedding] = field(default_factory=list)
     """The tool's video segments, encoded, in order."""
+    segment_pixels: list[torch.Tensor | None] = field(default_factory=list)
+    """Each segment's pixel values (:attr:`ToolReply.pixel_values_videos`), in order."""
     engine_ids: list[int] = field(default_factory=list)
     """The tokens after the prompt as an engine that expands videos itself is given them."""
     turns: int = 0
@@ -111,11 +116,23 @@ class Episode:
         self.engine_ids += reply.engine_ids()
         if reply.video is not None:
             self.segments.append(reply.video)
+            self.segment_pixels.append(reply.pixel_values_videos)
         self.replies += 1
 
     def __len__(self) -> int:
         """Tokens after the prompt."""
         return len(self.token_ids)
+
+    def segment_inputs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each segment's ``(pixel_values_videos, grid_thw)``, in order: what a trainable vision
+        tower encodes again with grad."""
+        if any(pixels is None for pixels in self.segment_pixels):
+            raise ValueError("a segment's pixel values were not kept: it cannot be encoded again")
+        return [
+            (pixels, segment.grid_thw)
+            for segment, pixels in zip(self.segments, self.segment_pixels, strict=True)
+            if pixels is not None
+        ]
 
     @property
     def sampled_ids(self) -> list[int]:

@@ -72,7 +72,7 @@ class ReplyInputs:
             if embeds is None or self.second_per_grid is None:
                 raise ValueError("a reply with frames needs their encoding")
             video = VideoEmbedding(embeds, self.video_grid_thw, self.second_per_grid, self.timestamps)
-        return ToolReply(self.token_ids, self.video_slots, video, self.template_ids)
+        return ToolReply(self.token_ids, self.video_slots, video, self.template_ids, self.pixel_values_videos)
 
 
 def segment_metadata(plan: FramePlan, frames: np.ndarray) -> dict[str, Any]:

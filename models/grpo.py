@@ -57,7 +57,7 @@ from models.rl.step_statistics import (
     is_max_statistic,
     merge_stats,
 )
-from models.vision import decoder_blocks, drop_vision_tower, encode_videos
+from models.vision import decoder_blocks, drop_vision_tower, encode_row_segments, encode_videos
 from models.vlm_module import VLMModule, rank0_weights
 from parallel.prefill import sequence_parallel_completion_logprobs
 from parallel.sharding import (
@@ -194,18 +194,12 @@ class GRPOModule(VLMModule):
                     self.compute_dtype,
                     self.correction,
                 )
-        if settings.tool_use:
-            if self.sequence_shard is not None:
-                problems.append(
-                    "tool-use rollouts with sequence parallelism: not yet (episode rows are scored "
-                    "sequence-parallel, but the rollouts are not shared out over the group); set "
-                    "sequence_parallel_size 1"
-                )
-            if not self.hparams.freeze_vision:
-                problems.append(
-                    "tool-use rollouts need model.init_args.freeze_vision: true (the tool's video segments "
-                    "are encoded once, without grad)"
-                )
+        if settings.tool_use and self.sequence_shard is not None:
+            problems.append(
+                "tool-use rollouts with sequence parallelism: not yet (episode rows are scored "
+                "sequence-parallel, but the rollouts are not shared out over the group); set "
+                "sequence_parallel_size 1"
+            )
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")
@@ -454,7 +448,9 @@ class GRPOModule(VLMModule):
     ) -> dict[str, torch.Tensor]:
         """Forward + backward of the given rows (micro-batch ``index``); returns token-weighted
         statistics. With rollout correction the first iteration fills ``old_policy[index]``."""
-        scoring, logprobs, engine, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
+        scoring, logprobs, engine, entropy = self._score(
+            rollout, rows, self._video_embeds(rollout, rows), self._segment_embeds(rollout, rows)
+        )
         chunk_mask = mask[rows].to(self.device)
         old, weights, correction_stats = engine, None, {}
         if self.correction is not None:
@@ -521,27 +517,41 @@ class GRPOModule(VLMModule):
         grid = rollout.prompts.layouts[prompt].video_grid_thw
         return 0 if grid is None else int(grid[0]) * self.family.temporal_patch_size
 
+    def _segment_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[list[torch.Tensor]] | None:
+        """Each row's tool segments' encodings (tool-use rollouts; None otherwise)."""
+        if self.hparams.freeze_vision or rollout.episodes is None:
+            return rollout.segment_embeds(rows)
+        # As for the prompts' videos: a trainable tower encodes the segments again, with grad.
+        return encode_row_segments(self.model, rollout.segment_inputs(rows))
+
     def _score(
-        self, rollout: RolloutBatch, rows: list[int], video_embeds: list[torch.Tensor | None]
+        self,
+        rollout: RolloutBatch,
+        rows: list[int],
+        video_embeds: list[torch.Tensor | None],
+        segments: list[list[torch.Tensor]] | None,
     ) -> tuple[ScoringBatch, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Policy log-probs of the given rows, with the engine's log-probs and the entropy beside them."""
         scoring = rollout.scoring.select(rows)
         entropy = torch.zeros(scoring.completion_mask.shape, device=self.device)
         model = self.model
         assert model is not None
-        segments = rollout.segment_embeds(rows)
         logprobs = self.run_model(lambda: self._logprobs(model, scoring, video_embeds, entropy, segments))
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
 
     def _idle_pass(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
         """A forward and backward that changes no gradient (this rank has nothing left to train
         while others do: the shards' collectives need every rank); returns the gap statistics."""
-        scoring, logprobs, old, entropy = self._score(rollout, rows, self._video_embeds(rollout, rows))
+        scoring, logprobs, old, entropy = self._score(
+            rollout, rows, self._video_embeds(rollout, rows), self._segment_embeds(rollout, rows)
+        )
         self.manual_backward(logprobs.sum() * 0.0)
         return self._gap_statistics(rollout, rows, logprobs, old, scoring, entropy)
 
     def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
-        scoring, logprobs, old, entropy = self._score(rollout, rows, list(rollout.video_embeds()))
+        scoring, logprobs, old, entropy = self._score(
+            rollout, rows, list(rollout.video_embeds()), rollout.segment_embeds(rows)
+        )
         return self._gap_statistics(rollout, rows, logprobs, old, scoring, entropy)
 
     def _optimizer_update(self, optimizer: Any, scheduler: Any, totals: dict[str, torch.Tensor]) -> None:

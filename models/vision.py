@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from models.families import family_of
@@ -23,6 +25,26 @@ def encode_videos(
     video, as the model's family caches it (:mod:`models.families`)."""
     vision_tower(model)  # a clear error for a model without one (e.g. the reference)
     return family_of(model.config).encode_videos(model, pixel_values_videos, video_grid_thw)
+
+
+def encode_row_segments(
+    model: torch.nn.Module, segments: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]]
+) -> list[list[torch.Tensor]]:
+    """Per row, its tool segments (``(pixel_values_videos, grid_thw)`` each) encoded by one call
+    of the vision tower, with grad when the tower is trainable; a segment several rows share
+    (the same pixel tensor) is encoded once."""
+    distinct: dict[int, int] = {}
+    pixels, grids = [], []
+    for row in segments:
+        for values, grid in row:
+            if id(values) not in distinct:
+                distinct[id(values)] = len(pixels)
+                pixels.append(values)
+                grids.append(grid.reshape(1, 3))
+    if not pixels:
+        return [[] for _ in segments]
+    encoded = encode_videos(model, torch.cat(pixels), torch.cat(grids))
+    return [[encoded[distinct[id(values)]] for values, _ in row] for row in segments]
 
 
 def decoder_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -173,6 +173,14 @@ class RolloutBatch:
             return None
         return [[segment.embeds for segment in self.episodes[row].segments] for row in rows]
 
+    def segment_inputs(self, rows: Sequence[int]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The pixel values and grid of each segment of each of ``rows`` (what a trainable vision
+        tower encodes again with grad), in order; episodes of one step that were served the same
+        frames share the same pixel tensor."""
+        if self.episodes is None:
+            return [[] for _ in rows]
+        return [self.episodes[row].segment_inputs() for row in rows]
+
     def video_embeds(self) -> list[torch.Tensor]:
         """Each prompt's cached encoding, indexed like ``scoring.prompt_of_row``."""
         return [v.embeds for v in self.videos]

@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.episode_helpers import video_prompt
-from helpers.tolerances import FORWARD_ULPS, assert_float32_close
+from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from core.episode import Episode, ToolReply, episode_scoring_batch
 from core.layout import PositionRule, PromptLayout
 from core.video import VideoEmbedding
 from models.logprobs import completion_logprobs
+from models.vision import encode_row_segments, encode_videos
 
 VIDEO = 9  # placeholder id of the hand-made layouts
 RULE = PositionRule(spatial_merge_size=2, tokens_per_second=2.0)
@@ -130,3 +131,46 @@ def test_episode_rows_score_as_the_models_own_forward_from_pixels(real_episodes:
     )
     last_turn = scoring.completion_mask.bool() & (torch.arange(scoring.completion_mask.shape[1]) > 30)
     assert (swapped - expected)[last_turn].abs().max() > 1e-3
+
+
+def test_a_trainable_vision_tower_learns_from_the_segments_as_from_pixels(real_episodes: dict) -> None:
+    """With a trainable tower the policy pass encodes each segment again, with grad
+    (:func:`models.vision.encode_row_segments`): the tower's gradients equal those of the
+    model's own forward from every video's pixels."""
+    model, family, episodes = real_episodes["model"], real_episodes["family"], real_episodes["episodes"]
+    scoring = episode_scoring_batch(episodes, [0, 0], family.position_rule, pad_token_id=real_episodes["pad"])
+    pixels, grids = real_episodes["pixels"], real_episodes["grids"]
+    weights = torch.randn(scoring.completion_mask.shape, generator=torch.Generator().manual_seed(3))
+    tower = [(name, p) for name, p in model.named_parameters() if name.startswith("model.visual.")]
+
+    def tower_gradients(loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        loss.backward()
+        return {name: p.grad.clone() for name, p in tower}
+
+    expected = torch.zeros(scoring.completion_mask.shape)
+    for row in range(2):
+        length = int(scoring.attention_mask[row].sum())
+        logits = model(
+            input_ids=scoring.input_ids[row : row + 1, :length],
+            pixel_values_videos=torch.cat([pixels[0], pixels[row + 1]]),
+            video_grid_thw=torch.cat([grids[0], grids[row + 1]]),
+            position_ids=scoring.position_ids[:, row : row + 1, :length],
+        ).logits[0]
+        start = scoring.prompt_lengths[row]
+        log_probs = torch.log_softmax(logits[start - 1 : length - 1].float(), dim=-1)
+        targets = scoring.input_ids[row, start:length].unsqueeze(-1)
+        expected[row, : length - start] = log_probs.gather(-1, targets).squeeze(-1)
+    want = tower_gradients((expected * scoring.completion_mask * weights).sum())
+
+    segments = encode_row_segments(model, [ep.segment_inputs() for ep in episodes])
+    (prompt_video,) = encode_videos(model, pixels[0], grids[0])
+    ours = completion_logprobs(model, scoring, [prompt_video], segment_embeds=segments)
+    got = tower_gradients((ours * weights).sum())
+    assert any(g.abs().max() > 0 for g in want.values())
+    for name, gradient in want.items():
+        assert_float32_close(got[name], gradient, ulps=GRADIENT_ULPS, reason=f"{name}: re-encoded segments")
+    # Rows served the same frames share one encoding.
+    shared = episodes[0].segment_inputs()
+    first, second = encode_row_segments(model, [shared, shared])
+    assert first[0] is second[0]

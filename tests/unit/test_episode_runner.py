@@ -105,6 +105,13 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     assert group[0].segments[0] is group[1].segments[0] or torch.equal(
         group[0].segments[0].embeds, group[1].segments[0].embeds
     )
+    # The served pixels are kept (a trainable tower encodes them again): they encode to the
+    # segment, and episodes served the same frames share them.
+    ((pixels, grid),) = group[0].segment_inputs()
+    assert group[1].segment_inputs()[0][0] is pixels
+    with torch.no_grad():
+        (again,) = encode_videos(prompt.model, pixels, grid.reshape(1, 3))
+    assert torch.equal(again, group[0].segments[0].embeds)
     # Requests: 2 + 1 + 3 (the last one unanswered) + 0.
     assert (stats.requests, stats.served_frames, stats.cache_hits, stats.encoded_frames) == (6, 8, 1, 4)
     assert dict(stats.rejected) == {MALFORMED: 1, TOO_MANY_CALLS: 2}
