@@ -1,0 +1,183 @@
+"""Frames on request, measured: the zoom task's acceptance comparison over seeds.
+
+Per seed, from one small model built for the task: CoT-SFT on the tool traces
+(``configs/zoom/sft_tool.yaml``: a 16-frame overview, one request of up to 16 frames, 32 frames
+seen in all), CoT-SFT on dense 256-frame input with the same steps (``sft_dense.yaml``), and
+GRPO with frame requests from the trace SFT export (``grpo_tool.yaml``); each export then
+answers the 400 held-out questions (validation and test splits) greedily, the tool-using ones
+with episodes (the rollout code). Printed: accuracy per setting (mean ± spread over seeds, and
+per seed), the dense model at 16, 64 and 256 frames, requests and frames per answer, and exact
+McNemar tests on the same questions, per seed and pooled over seeds: tool GRPO vs its SFT start
+(the target: significantly above) and tool GRPO vs dense 256 frames (the target: at least as
+accurate), with the wall time of each stage.
+
+Every stage is skipped when its folder holds ``done``, so an interrupted comparison continues
+where it stopped (``make demo-zoom`` is one seed of this, in ``runs/zoom``).
+
+Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
+       [--sft-steps 300] [--grpo-steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.commands.report import last_predictions, paired_comparison
+from bench.grpo_runs import REPO, column, markdown, mean_and_spread, run_lvrl
+
+CONFIGS = REPO / "configs" / "zoom"
+STAGES = (
+    ("tool SFT", "sft-tool", "sft_tool.yaml"),
+    ("dense SFT, 256 frames", "sft-dense", "sft_dense.yaml"),
+    ("tool GRPO", "grpo-tool", "grpo_tool.yaml"),
+)
+
+
+def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, steps: int) -> dict[str, Any]:
+    """``configs/zoom/<name>``: metrics as CSV in ``run_dir``, the seed for the data order (and
+    the rollouts), the model it starts from, no validation during training."""
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    config["seed_everything"] = seed
+    trainer = config["trainer"]
+    trainer.update(default_root_dir=str(run_dir), max_steps=steps, limit_val_batches=0)
+    logger = {"save_dir": str(run_dir), "name": "csv", "version": 0}
+    trainer["logger"] = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}]
+    for callback in trainer["callbacks"]:
+        if callback["class_path"].endswith("RolloutCallback"):
+            callback["init_args"]["seed"] = seed
+        if callback["class_path"].endswith("RunCheckpoint"):
+            callback["init_args"]["every_n_train_steps"] = steps
+    config["model"]["init_args"]["model_path"] = str(start)
+    config["data"]["init_args"].update(train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar")
+    return config
+
+
+def timed_once(out: Path, work: Any) -> float:
+    """Run ``work()`` unless ``out/done`` exists; returns its wall time in seconds (recorded)."""
+    done = out / "done"
+    if not done.exists():
+        print(f"running {out} ...", flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        work()
+        done.write_text(json.dumps({"seconds": time.perf_counter() - started}))
+    return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
+
+
+def train(run_dir: Path, config: dict[str, Any]) -> float:
+    def work() -> None:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        run_lvrl(run_dir, ["fit", "--config", str(run_dir / "config.yaml")])
+
+    return timed_once(run_dir, work)
+
+
+def evaluate(run_dir: Path, data: str) -> tuple[Path, float]:
+    """The run's export answers every held-out question with the run's own validation settings
+    (episodes for the tool-using runs, the frame sweep for the dense one); returns the
+    evaluation's folder and its wall time."""
+    out = run_dir.parent / f"{run_dir.name}-eval"
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    trainer = config["trainer"]
+    trainer.update(default_root_dir=str(out), limit_val_batches=None)
+    trainer["logger"][0]["init_args"]["save_dir"] = str(out)
+    config["model"]["init_args"]["model_path"] = str(run_dir / "hf")
+    config["data"]["init_args"]["val_shards"] = f"{data}/{{val,test}}-*.tar"
+
+    def work() -> None:
+        (out / "config.yaml").write_text(yaml.safe_dump(config))
+        run_lvrl(out, ["validate", "--config", str(out / "config.yaml")], log_name="eval.log")
+
+    return out, timed_once(out, work)
+
+
+def last(metrics: Path, name: str) -> float:
+    values = column(metrics, name)
+    return values[-1] if values else float("nan")
+
+
+def paired_line(label: str, base: list[dict[str, bool]], new: list[dict[str, bool]]) -> str:
+    """Exact McNemar per seed and pooled (questions keyed by seed and id)."""
+    parts = []
+    for seed_index, (b, n) in enumerate(zip(base, new, strict=True)):
+        test = paired_comparison(b, n)
+        parts.append(f"seed {seed_index}: {test.change:+.1%} (p = {test.p_value:.3g})")
+    pooled_base = {f"{i}/{k}": v for i, b in enumerate(base) for k, v in b.items()}
+    pooled_new = {f"{i}/{k}": v for i, n in enumerate(new) for k, v in n.items()}
+    pooled = paired_comparison(pooled_base, pooled_new)
+    return (
+        f"- {label}: pooled over seeds {pooled.change:+.1%} on {pooled.questions} answers "
+        f"({pooled.only_new} right only in the first, {pooled.only_base} only in the second), exact "
+        f"McNemar p = {pooled.p_value:.3g}; " + "; ".join(parts)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default="runs/zoom-bench")
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--grpo-steps", type=int, default=200)
+    args = parser.parse_args()
+    out, data = Path(args.out), args.data
+    if not (Path(data) / "dataset.json").exists():
+        run_lvrl(out, ["data", "zoom", "--out", data], log_name="data.log")
+    model = out / "model-small"
+    if not (model / "config.json").exists():
+        corpus = f"{data}/train-00000.tar"
+        run_lvrl(out, ["model", "build", "--preset", "small", "--out", str(model), "--corpus", corpus])
+    accuracy: dict[str, list[float]] = {label: [] for label, _, _ in STAGES}
+    answers: dict[str, list[dict[str, bool]]] = {label: [] for label, _, _ in STAGES}
+    extra: dict[str, list[float]] = {"dense 16": [], "dense 64": [], "requests": [], "frames": []}
+    seconds: dict[str, list[float]] = {}
+    for seed in args.seeds:
+        for label, folder, config_name in STAGES:
+            run_dir = out / f"seed{seed}" / folder
+            start = run_dir.parent / "sft-tool" / "hf" if folder == "grpo-tool" else model
+            steps = args.grpo_steps if folder == "grpo-tool" else args.sft_steps
+            trained = train(run_dir, stage_config(config_name, run_dir, start, data, seed, steps))
+            eval_dir, evaluated = evaluate(run_dir, data)
+            seconds.setdefault(f"{label} training", []).append(trained)
+            seconds.setdefault(f"{label} evaluation", []).append(evaluated)
+            metrics = eval_dir / "csv" / "version_0" / "metrics.csv"
+            accuracy[label].append(last(metrics, "val/accuracy"))
+            predictions = last_predictions(eval_dir)
+            if predictions is None:
+                raise RuntimeError(f"{eval_dir} wrote no predictions")
+            answers[label].append(predictions)
+            if folder == "sft-dense":
+                extra["dense 16"].append(last(metrics, "val/frames_16/accuracy"))
+                extra["dense 64"].append(last(metrics, "val/frames_64/accuracy"))
+            if folder == "grpo-tool":
+                extra["requests"].append(last(metrics, "val/requests_per_answer"))
+                extra["frames"].append(last(metrics, "val/frames_per_answer"))
+    rows = [
+        [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
+        for label, values in accuracy.items()
+    ]
+    rows.insert(2, ["dense SFT, 64 frames", mean_and_spread(extra["dense 64"]), ""])
+    rows.insert(2, ["dense SFT, 16 frames", mean_and_spread(extra["dense 16"]), ""])
+    seen, asked = mean_and_spread(extra["frames"], 1), mean_and_spread(extra["requests"], 2)
+    rows[-1][0] += f" ({seen} frames, {asked} requests per answer)"
+    steps = f"{args.sft_steps} SFT / {args.grpo_steps} GRPO steps"
+    print(f"\nzoom task, seeds {args.seeds}, {steps}, held-out questions")
+    print(markdown(["setting", "accuracy", "per seed"], rows))
+    print(paired_line("tool GRPO vs tool SFT", answers["tool SFT"], answers["tool GRPO"]))
+    print(paired_line("tool GRPO vs dense SFT (256 frames)", answers["dense SFT, 256 frames"], answers["tool GRPO"]))
+    print(
+        "\nwall time per seed (s): " + ", ".join(f"{k} {mean_and_spread(v, 0)}" for k, v in seconds.items())
+    )
+
+
+if __name__ == "__main__":
+    main()
