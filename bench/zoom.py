@@ -173,7 +173,8 @@ def main() -> None:
     print(f"\nzoom task, seeds {args.seeds}, {steps}, held-out questions")
     print(markdown(["setting", "accuracy", "per seed"], rows))
     print(paired_line("tool GRPO vs tool SFT", answers["tool SFT"], answers["tool GRPO"]))
-    print(paired_line("tool GRPO vs dense SFT (256 frames)", answers["dense SFT, 256 frames"], answers["tool GRPO"]))
+    dense = answers["dense SFT, 256 frames"]
+    print(paired_line("tool GRPO vs dense SFT (256 frames)", dense, answers["tool GRPO"]))
     print(
         "\nwall time per seed (s): " + ", ".join(f"{k} {mean_and_spread(v, 0)}" for k, v in seconds.items())
     )
