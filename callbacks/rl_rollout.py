@@ -22,6 +22,7 @@ and sleeps it once. ``start`` (and a restart) leaves it awake.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from models.families import family_of
 from parallel.collectives import share_out
 from rewards.combine import RewardSpec, default_reward_specs
 from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.episodes import EpisodeRollouts, FrameTool, episode_rollouts, frame_sources
+from rollout.episodes import EpisodeRollouts, FrameTool, alone, episode_rollouts, frame_sources
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
@@ -247,11 +248,14 @@ class RolloutCallback(Callback):
                 requests: list[RolloutRequest], sampling: SamplingConfig, meta: list[dict[str, Any]]
             ) -> EpisodeRollouts:
                 sources = frame_sources(meta)
+                # Sequence-parallel peers hold the same prompts: each samples a share of every
+                # round's turns, and all serve the replies together (the tool encodes with the group).
+                share = alone if shard is None else functools.partial(share_out, group=shard.group)
 
                 def on(engine: RolloutEngine) -> EpisodeRollouts:
                     live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
                     with live:
-                        return episode_rollouts(engine, requests, sources, sampling, tool)
+                        return episode_rollouts(engine, requests, sources, sampling, tool, share)
 
                 return supervisor.run(on, step)
 

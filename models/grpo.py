@@ -194,12 +194,6 @@ class GRPOModule(VLMModule):
                     self.compute_dtype,
                     self.correction,
                 )
-        if settings.tool_use and self.sequence_shard is not None:
-            problems.append(
-                "tool-use rollouts with sequence parallelism: not yet (episode rows are scored "
-                "sequence-parallel, but the rollouts are not shared out over the group); set "
-                "sequence_parallel_size 1"
-            )
         if problems:
             listed = "\n".join(f"  - {p}" for p in problems)
             raise ValueError(f"the rollout settings do not fit {type(self).__name__}:\n{listed}")

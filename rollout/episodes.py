@@ -170,16 +170,31 @@ def ends_with_request(episode: Episode, call_close_id: int) -> bool:
     return bool(episode.token_ids) and episode.sampled[-1] and episode.token_ids[-1] == call_close_id
 
 
+Share = Callable[[Sequence[Any], Callable[[list[Any]], list[Any]]], list[Any]]
+"""How the engine's calls are made: ``share(items, work)`` returns ``work``'s result for every
+item, in order. Alone, ``work(items)``; sequence-parallel peers that hold the same episodes each
+sample a part and exchange the turns (:func:`parallel.collectives.share_out`)."""
+
+
+def alone(items: Sequence[Any], work: Callable[[list[Any]], list[Any]]) -> list[Any]:
+    """The :data:`Share` of one process: all the work here."""
+    return work(list(items))
+
+
 def run_episodes(
     engine: RolloutEngine,
     requests: Sequence[RolloutRequest],
     videos: Sequence[FrameSource],
     sampling: SamplingConfig,
     tool: FrameTool,
+    share: Share = alone,
 ) -> tuple[list[list[Episode]], EpisodeStats]:
     """``sampling.n`` episodes per request (grouped like the requests), and what the tool did.
 
     Each round's turns get their own seed (``sampling.seed + round``), so a run is repeatable.
+    With a ``share`` over sequence-parallel peers, the engine's calls are split among them and
+    every peer then holds every episode: the tool serves the same replies on each, in the same
+    order, so ``tool``'s encoder may be a collective of the group (MR-SP's shared encoding).
     """
     if len(videos) != len(requests):
         raise ValueError(f"{len(videos)} source videos for {len(requests)} requests")
@@ -187,7 +202,8 @@ def run_episodes(
     call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
     turn_sampling = replace(sampling, stop_tokens=(*sampling.stop_tokens, CALL_CLOSE))
     groups: list[list[Episode]] = []
-    for request, result in zip(requests, engine.generate(requests, turn_sampling), strict=True):
+    first_turns = share(requests, lambda mine: engine.generate(mine, turn_sampling))
+    for request, result in zip(requests, first_turns, strict=True):
         group = []
         for completion in result.completions:
             episode = Episode(request.layout, rule=tool.family.position_rule)
@@ -219,9 +235,9 @@ def run_episodes(
             episode.served_frames = states[g][e].frames
             turns.append(TurnRequest(episode, requests[g].video))
         seed = None if sampling.seed is None else sampling.seed + round_index
-        for (g, e), completion in zip(
-            pending, engine.generate_turns(turns, replace(turn_sampling, seed=seed)), strict=True
-        ):
+        round_sampling = replace(turn_sampling, seed=seed)
+        completions = share(turns, lambda mine, s=round_sampling: engine.generate_turns(mine, s))
+        for (g, e), completion in zip(pending, completions, strict=True):
             groups[g][e].add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
     stats.served_frames = sum(state.frames for row in states for state in row)
     stats.unanswered = sum(ends_with_request(e, call_close) for group in groups for e in group)
@@ -268,9 +284,10 @@ def episode_rollouts(
     videos: Sequence[FrameSource],
     sampling: SamplingConfig,
     tool: FrameTool,
+    share: Share = alone,
 ) -> EpisodeRollouts:
     """:func:`run_episodes`, with each episode summarised for the rewards."""
-    groups, stats = run_episodes(engine, requests, videos, sampling, tool)
+    groups, stats = run_episodes(engine, requests, videos, sampling, tool, share)
     tokenizer = tool.processor.tokenizer
     call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
     completions, counts = [], []

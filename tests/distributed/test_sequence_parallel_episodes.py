@@ -1,4 +1,6 @@
-"""Sequence-parallel scoring of tool-use episode rows in 2 gloo processes against one process.
+"""Sequence-parallel tool-use episodes in 2 gloo processes against one process: scoring their
+rows, and playing them (each peer samples a share of every round, the group encodes the replies'
+frames together).
 
 The rows: two episodes of one real video prompt (tiny Qwen2.5-VL, and Qwen3-VL, whose DeepStack
 features each rank injects at its own visual tokens, the segments' included), each a request turn, the
@@ -18,12 +20,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers.episode_helpers import video_prompt
+from helpers.episode_helpers import ScriptedEngine, video_prompt
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from core.episode import episode_scoring_batch
+from core.frame_requests import FrameBudget
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
+from models.vision import encode_videos
+from rollout.base import SamplingConfig
+from rollout.episodes import run_episodes
 
 SHARDINGS = (("ulysses", "contiguous", False), ("ulysses", "contiguous", True), ("ring", "zigzag", True))
 
@@ -110,3 +116,103 @@ def test_episode_rows_score_sequence_parallel_as_in_one_process(
         assert gradients.keys() == reference.keys()
         for name, want in reference.items():
             assert_float32_close(gradients[name], want, ulps=GRADIENT_ULPS, reason=f"{name} gradient, {why}")
+
+
+BUDGET = FrameBudget(max_calls=1, frames_per_call=4, frames_per_episode=4)
+SAMPLING = SamplingConfig(n=3, max_new_tokens=64, seed=4)
+
+
+def scripts_of(prompt) -> list[list[list[int]]]:
+    """Per prompt: two episodes that ask for different spans, then answer; one that answers."""
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    return [
+        [prompt.ids("<think>a</think>") + prompt.request_ids(1, 5), answer],
+        [prompt.ids("<think>b</think>") + prompt.request_ids(5, 9), answer],
+        [answer],
+    ]
+
+
+class CountingEngine(ScriptedEngine):
+    """The scripted engine, counting the items of each call it gets."""
+
+    def __init__(self, scripts: list[list[list[int]]]) -> None:
+        super().__init__(scripts)
+        self.items: list[int] = []
+
+    def generate(self, requests, sampling):
+        self.items.append(len(requests))
+        return super().generate(requests, sampling)
+
+    def generate_turns(self, requests, sampling):
+        self.items.append(len(requests))
+        return super().generate_turns(requests, sampling)
+
+
+def _episode_worker(rank: int, world_size: int, model_dir: str, synth_dir: str, store: str, out: str) -> None:
+    from functools import partial
+
+    from parallel.collectives import share_out
+    from parallel.encoding import encode_videos_sequence_parallel
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
+    torch.set_num_threads(1)
+    prompt = video_prompt(Path(model_dir), Path(synth_dir))
+    family = prompt.family
+
+    def encode_together(pixels: torch.Tensor, grid: torch.Tensor) -> list[torch.Tensor]:
+        return encode_videos_sequence_parallel(
+            partial(encode_videos, prompt.model),
+            pixels,
+            grid,
+            dist.group.WORLD,
+            spatial_merge_size=family.spatial_merge_size,
+            hidden_size=family.visual_width,
+            device=torch.device("cpu"),
+        )
+
+    engine = CountingEngine(scripts_of(prompt))
+    groups, stats = run_episodes(
+        engine,
+        [prompt.request(), prompt.request()],
+        [prompt.source, prompt.source],
+        SAMPLING,
+        prompt.tool(BUDGET, encode_together),
+        partial(share_out, group=dist.group.WORLD),
+    )
+    episodes = [(e.token_ids, e.sampled, [s.embeds for s in e.segments]) for g in groups for e in g]
+    torch.save((episodes, engine.items, stats.served_frames), Path(out) / f"episodes-rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_sequence_parallel_peers_play_the_episodes_of_one_process(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    prompt = video_prompt(tiny_model_dir, synth_dir)
+    with torch.no_grad():
+        groups, _ = run_episodes(
+            ScriptedEngine(scripts_of(prompt)),
+            [prompt.request(), prompt.request()],
+            [prompt.source, prompt.source],
+            SAMPLING,
+            prompt.tool(BUDGET),
+        )
+    alone = [e for g in groups for e in g]
+    mp.start_processes(
+        _episode_worker,
+        args=(2, str(tiny_model_dir), str(synth_dir), str(tmp_path / "store"), str(tmp_path)),
+        nprocs=2,
+        start_method="spawn",
+    )
+    ranks = [torch.load(tmp_path / f"episodes-rank{r}.pt", weights_only=False) for r in range(2)]
+    for rank, (episodes, items, served) in enumerate(ranks):
+        # Each peer sampled half of every call: 1 of the 2 first-turn requests, 2 of the 4 asks.
+        assert items == [1, 2] and served == 16, rank
+        for (token_ids, sampled, segments), expected in zip(episodes, alone, strict=True):
+            assert token_ids == expected.token_ids and sampled == expected.sampled
+            assert len(segments) == len(expected.segments)
+            for ours, theirs in zip(segments, expected.segments, strict=True):
+                why = f"rank {rank}: a segment encoded by the group vs one process"
+                assert_float32_close(ours, theirs.embeds, ulps=FORWARD_ULPS, reason=why)
+    # Every peer holds the same episodes, the same encodings.
+    for (_, _, ours), (_, _, theirs) in zip(ranks[0][0], ranks[1][0], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

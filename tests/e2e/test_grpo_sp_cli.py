@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.biased_models import save_biased_model
 from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli, run_lvrl_expecting_failure
 from helpers.rollout_settings import engine_gap_bar, tiny_rollout_settings
 from helpers.runs import logged, tiny_data_args
@@ -195,3 +196,30 @@ def test_validation_under_sequence_parallelism_counts_each_question_once(
     )  # fmt: skip
     overall = [line.split() for line in result.stderr.splitlines() if line.startswith("overall")]
     assert overall and overall[0][1] == "8", overall
+
+
+def test_tool_use_episodes_train_under_sequence_parallelism(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    """Two peers play a step's episodes together (each samples a share of every round, the
+    group serves the replies) and train on the same ones; every sampled token of every turn,
+    scored sequence-parallel with the replies in place, has the engine's log-prob."""
+    model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>")
+    config = sp_config(tmp_path, "ulysses")
+    settings = yaml.safe_load(config.read_text())
+    rollout = settings["trainer"]["callbacks"][0]["init_args"]
+    rollout["tool_use"] = {"max_calls": 2}
+    rollout["engine"]["init_args"]["videos_per_prompt"] = 3
+    settings["data"]["init_args"]["tool_use"] = True
+    config.write_text(yaml.safe_dump(settings))
+    run_dir = tmp_path / "run"
+    sp2_fit("lightning", config, run_dir, model_dir, synth_dir, kl_coef=0.0)
+    assert len(logged(run_dir, "train/loss")) == STEPS
+    # Each episode: two malformed requests, one too many, a last turn that asks again.
+    assert logged(run_dir, "tool/requests_per_episode") == [4.0] * STEPS
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(model_dir)
+    first, second = (
+        torch.load(tmp_path / "probe" / f"rollout0-rank{r}.pt", weights_only=False) for r in (0, 1)
+    )
+    assert first.episodes is not None and [e.turns for e in first.episodes] == [4] * len(first)
+    assert torch.equal(first.scoring.input_ids, second.scoring.input_ids)

@@ -1,8 +1,10 @@
-"""A real video prompt with its source video, for tests of tool-use episodes."""
+"""A real video prompt with its source video, and an engine that plays scripted turns, for
+tests of tool-use episodes."""
 
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import torch
 from transformers import AutoProcessor
 
 from core.episode import Episode
-from core.frame_requests import FrameBudget, FramePlan, served_text
+from core.frame_requests import CALL_CLOSE, FrameBudget, FramePlan, served_text
 from core.layout import PromptLayout
 from core.tool_reply import tokenize_reply
 from datamodules.collate import VideoQACollator
@@ -21,7 +23,15 @@ from datamodules.video import decode_frames
 from models.families import ModelFamily, family_of
 from models.loading import load_model
 from models.vision import encode_videos
-from rollout.base import RolloutRequest
+from rollout.base import (
+    Completion,
+    PolicyHandle,
+    RolloutEngine,
+    RolloutRequest,
+    RolloutResult,
+    SamplingConfig,
+    TurnRequest,
+)
 from rollout.episodes import EpisodeVideo, FrameTool
 
 MAX_PIXELS = 56 * 56
@@ -106,3 +116,34 @@ def video_prompt(model_dir: Path, synth_dir: Path, model: torch.nn.Module | None
         video_bytes,
         source,
     )
+
+
+class ScriptedEngine(RolloutEngine):
+    """Writes each episode's turns from a script, told apart by their first turn."""
+
+    def __init__(self, scripts: list[list[list[int]]]) -> None:
+        self.scripts = scripts
+        self.turn_calls: list[tuple[list[list[int]], int | None, tuple[str, ...]]] = []
+
+    def start(self, policy: PolicyHandle) -> None:
+        pass
+
+    def _completion(self, ids: list[int]) -> Completion:
+        return Completion(ids, [-0.5] * len(ids), "", "stop")
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        assert CALL_CLOSE in sampling.stop_tokens and sampling.n == len(self.scripts)
+        return [RolloutResult([self._completion(script[0]) for script in self.scripts]) for _ in requests]
+
+    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
+        self.turn_calls.append(
+            ([r.episode.engine_prompt() for r in requests], sampling.seed, sampling.stop_tokens)
+        )
+        out = []
+        for request in requests:
+            script = next(s for s in self.scripts if request.episode.token_ids[: len(s[0])] == s[0])
+            out.append(self._completion(script[request.episode.turns]))
+        return out
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        pass

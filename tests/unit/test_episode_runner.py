@@ -7,58 +7,20 @@ engines run episodes in ``tests/e2e/test_episode_engines.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from helpers.episode_helpers import video_prompt
+from helpers.episode_helpers import ScriptedEngine, video_prompt
 
 from core.frame_requests import CALL_CLOSE, MALFORMED, TOO_MANY_CALLS, FrameBudget
 from models.vision import encode_videos
-from rollout.base import (
-    Completion,
-    PolicyHandle,
-    RolloutEngine,
-    RolloutRequest,
-    RolloutResult,
-    SamplingConfig,
-    TurnRequest,
-)
+from rollout.base import SamplingConfig
 from rollout.episodes import run_episodes
 
 BUDGET = FrameBudget(max_calls=1, frames_per_call=4, frames_per_episode=4)
-
-
-class ScriptedEngine(RolloutEngine):
-    """Writes each episode's turns from a script, told apart by their first turn."""
-
-    def __init__(self, scripts: list[list[list[int]]]) -> None:
-        self.scripts = scripts
-        self.turn_calls: list[tuple[list[list[int]], int | None, tuple[str, ...]]] = []
-
-    def start(self, policy: PolicyHandle) -> None:
-        pass
-
-    def _completion(self, ids: list[int]) -> Completion:
-        return Completion(ids, [-0.5] * len(ids), "", "stop")
-
-    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
-        assert CALL_CLOSE in sampling.stop_tokens and sampling.n == len(self.scripts)
-        return [RolloutResult([self._completion(script[0]) for script in self.scripts]) for _ in requests]
-
-    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
-        self.turn_calls.append(
-            ([r.episode.engine_prompt() for r in requests], sampling.seed, sampling.stop_tokens)
-        )
-        out = []
-        for request in requests:
-            script = next(s for s in self.scripts if request.episode.token_ids[: len(s[0])] == s[0])
-            out.append(self._completion(script[request.episode.turns]))
-        return out
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +124,40 @@ def test_frames_the_video_cannot_give_are_a_rejection_and_cost_no_budget(prompt)
     assert group[0].segments == [] and group[0].served_frames == 0 and group[0].turns == 2
     reply = [t for t, s in zip(group[0].token_ids, group[0].sampled, strict=True) if not s]
     assert f"no frames ({UNREADABLE_FRAMES})" in prompt.processor.tokenizer.decode(reply)
+
+
+def test_peers_that_share_the_engine_calls_play_the_same_episodes(prompt) -> None:
+    """Sequence-parallel peers hold the same prompts: each samples a share of every call (here
+    two simulated peers, round robin, as :func:`parallel.collectives.share_out` splits), and the
+    merged turns give the episodes one process plays."""
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    scripts = [
+        [prompt.ids("<think>a</think>") + prompt.request_ids(1, 5), answer],
+        [prompt.ids("<think>b</think>") + prompt.request_ids(5, 9), answer],
+        [answer],
+    ]
+    sampling = SamplingConfig(n=3, max_new_tokens=64, seed=4)
+    requests = [prompt.request(), prompt.request()]
+    sources = [prompt.source, prompt.source]
+    calls: list[int] = []
+
+    def two_peers(items: Sequence[Any], work: Callable[[list[Any]], list[Any]]) -> list[Any]:
+        results: list[Any] = [None] * len(items)
+        for peer in range(2):
+            mine = list(items[peer::2])
+            calls.append(len(mine))
+            results[peer::2] = work(mine) if mine else []
+        return results
+
+    alone, _ = run_episodes(ScriptedEngine(scripts), requests, sources, sampling, prompt.tool(BUDGET))
+    shared, stats = run_episodes(
+        ScriptedEngine(scripts), requests, sources, sampling, prompt.tool(BUDGET), two_peers
+    )
+    # First turns: 2 prompts, one each; then the 4 episodes that asked, two each.
+    assert calls == [1, 1, 2, 2] and stats.served_frames == 16
+    episodes = [
+        (ours, theirs) for g, h in zip(shared, alone, strict=True) for ours, theirs in zip(g, h, strict=True)
+    ]
+    for ours, theirs in episodes:
+        assert ours.token_ids == theirs.token_ids and ours.sampled == theirs.sampled
+        assert [s.grid_thw.tolist() for s in ours.segments] == [s.grid_thw.tolist() for s in theirs.segments]
