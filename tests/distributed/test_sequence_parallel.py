@@ -29,7 +29,6 @@ not divide the group size and a batch with fewer patches than ranks.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,6 @@ import torch.multiprocessing as mp
 from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
-from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from models.vision import encode_videos
@@ -80,7 +78,8 @@ def name_of(attention: str, layout: str, share: bool) -> str:
 
 
 def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path: str, out_dir: str) -> None:
-    from parallel.encoding import encode_videos_sequence_parallel
+    from helpers.group_encoding import group_encoder
+
     from parallel.prefill import sequence_parallel_completion_logprobs, sum_gradients_over
     from parallel.shard import SequenceShard
 
@@ -126,19 +125,8 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store_path:
                 Path(out_dir) / f"{name_of(attention, layout, share)}.pt",
             )
     torch.save(work, Path(out_dir) / f"work-rank{rank}.pt")
-    family = family_of(model.config)
-    encoded = [
-        encode_videos_sequence_parallel(
-            functools.partial(encode_videos, model),
-            pixels,
-            grid,
-            dist.group.WORLD,
-            spatial_merge_size=family.spatial_merge_size,
-            hidden_size=family.visual_width,
-            device=torch.device("cpu"),
-        )
-        for pixels, grid in encoding_inputs(model)
-    ]
+    encode = group_encoder(model, dist.group.WORLD)
+    encoded = [encode(pixels, grid) for pixels, grid in encoding_inputs(model)]
     torch.save(encoded, Path(out_dir) / f"encoding-rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -27,7 +27,6 @@ from core.episode import episode_scoring_batch
 from core.frame_requests import FrameBudget
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
-from models.vision import encode_videos
 from rollout.base import SamplingConfig
 from rollout.episodes import run_episodes
 
@@ -151,24 +150,13 @@ class CountingEngine(ScriptedEngine):
 def _episode_worker(rank: int, world_size: int, model_dir: str, synth_dir: str, store: str, out: str) -> None:
     from functools import partial
 
+    from helpers.group_encoding import group_encoder
+
     from parallel.collectives import share_out
-    from parallel.encoding import encode_videos_sequence_parallel
 
     dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
     torch.set_num_threads(1)
     prompt = video_prompt(Path(model_dir), Path(synth_dir))
-    family = prompt.family
-
-    def encode_together(pixels: torch.Tensor, grid: torch.Tensor) -> list[torch.Tensor]:
-        return encode_videos_sequence_parallel(
-            partial(encode_videos, prompt.model),
-            pixels,
-            grid,
-            dist.group.WORLD,
-            spatial_merge_size=family.spatial_merge_size,
-            hidden_size=family.visual_width,
-            device=torch.device("cpu"),
-        )
 
     engine = CountingEngine(scripts_of(prompt))
     groups, stats = run_episodes(
@@ -176,7 +164,7 @@ def _episode_worker(rank: int, world_size: int, model_dir: str, synth_dir: str, 
         [prompt.request(), prompt.request()],
         [prompt.source, prompt.source],
         SAMPLING,
-        prompt.tool(BUDGET, encode_together),
+        prompt.tool(BUDGET, group_encoder(prompt.model, dist.group.WORLD)),
         partial(share_out, group=dist.group.WORLD),
     )
     episodes = [(e.token_ids, e.sampled, [s.embeds for s in e.segments]) for g in groups for e in g]
