@@ -179,6 +179,12 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
     zoom.add_argument(
         "--size", type=_positive_int, default=defaults.size, help="side of the frames in pixels"
     )
+    zoom.add_argument(
+        "--marker-side",
+        type=_positive_int,
+        default=defaults.marker_side,
+        help="side of a marker square in pixels (at most --size / 2: a corner quadrant)",
+    )
     zoom.add_argument("--seed", type=_non_negative_int, default=defaults.seed, help="base random seed")
     zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
@@ -431,7 +437,12 @@ def run_zoom(args: argparse.Namespace) -> None:
     """Handler of ``lvrl data zoom``: the frames-on-request task (:mod:`datatools.zoom_task`)."""
     try:
         config = ZoomConfig(
-            num_frames=args.frames, fps=args.fps, slots=args.slots, size=args.size, seed=args.seed
+            num_frames=args.frames,
+            fps=args.fps,
+            slots=args.slots,
+            size=args.size,
+            marker_side=args.marker_side,
+            seed=args.seed,
         )
     except ValueError as err:
         raise SystemExit(f"lvrl data zoom: error: {err}") from err

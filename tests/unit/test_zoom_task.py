@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import tarfile
 
 import numpy as np
 import pytest
@@ -132,3 +133,25 @@ def test_the_video_shows_the_stretch_and_the_markers() -> None:
     assert np.abs(patch[1:] - MARKER_COLORS[marker["color"]]).max() < 20
     assert row["answer"] == f"<answer>{OPTION_LETTERS[CORNERS.index(marker['corner'])]}</answer>"
     assert json.loads(request_body(row["tool_trace"]["first_turn"]))["name"] == "get_frames"
+
+
+def test_the_command_renders_the_markers_it_is_asked_for(tmp_path) -> None:
+    from helpers.cli import lvrl, run_lvrl
+
+    out = tmp_path / "zoom"
+    small = ["--frames", "384", "--slots", "8", "--num-train", "0", "--num-val", "3", "--num-test", "0"]
+    run_lvrl("data", "zoom", "--out", str(out), "--marker-side", "28", *small)
+    config = json.loads((out / "dataset.json").read_text())["config"]
+    assert config["marker_side"] == 28 and config["num_frames"] == 384
+    with tarfile.open(out / "val-00000.tar") as tar:
+        row = json.loads(tar.extractfile("synth-val-000002.json").read())  # Spatial: one marker
+        video = tar.extractfile("synth-val-000002.mp4").read()
+    (marker,) = row["zoom"]["markers"]
+    (frame,) = decode_frames(video, [marker["start_frame"]], max_pixels=56 * 56).frames
+    # The marker fills its corner's quadrant: 20 pixels in from its corner (outside the default
+    # 16-pixel marker) still has its colour.
+    y = 20 if marker["corner"].startswith("top") else 35
+    x = 20 if marker["corner"].endswith("left") else 35
+    assert np.abs(frame[y, x] - np.array(MARKER_COLORS[marker["color"]])).max() < 20
+    refused = lvrl("data", "zoom", "--out", str(tmp_path / "bad"), "--marker-side", "29", *small)
+    assert refused.returncode != 0 and "marker_side in [4, size / 2]" in refused.stderr
