@@ -179,12 +179,6 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
     zoom.add_argument(
         "--size", type=_positive_int, default=defaults.size, help="side of the frames in pixels"
     )
-    zoom.add_argument(
-        "--marker-side",
-        type=_positive_int,
-        default=defaults.marker_side,
-        help="side of a marker square in pixels (at most --size / 2: a corner quadrant)",
-    )
     zoom.add_argument("--seed", type=_non_negative_int, default=defaults.seed, help="base random seed")
     zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
@@ -441,7 +435,6 @@ def run_zoom(args: argparse.Namespace) -> None:
             fps=args.fps,
             slots=args.slots,
             size=args.size,
-            marker_side=args.marker_side,
             seed=args.seed,
         )
     except ValueError as err:

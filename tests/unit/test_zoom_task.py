@@ -16,12 +16,13 @@ from datamodules.video import decode_frames, decode_video, uniform_frame_indices
 from datatools.synthetic import format_timestamp
 from datatools.zoom_task import (
     BACKGROUND,
-    CORNERS,
     MARKER_COLORS,
+    MARKER_SIZES,
     Marker,
     ZoomConfig,
     encode_sample,
     make_row,
+    marker_box,
     question_of,
     served_markers,
 )
@@ -96,7 +97,7 @@ def test_the_overview_misses_the_markers_and_the_request_sees_each_once(rows) ->
         assert trace["final_reasoning"] == served_markers(CONFIG, row, list(plan.frame_indices))
         for marker, (hit,) in zip(markers_of(row), seen_in, strict=True):
             assert (
-                f"{marker['color']} {marker['corner']} at {format_timestamp(hit / CONFIG.fps)}"
+                f"{marker['color']} {marker['size']} at {format_timestamp(hit / CONFIG.fps)}"
                 in (trace["final_reasoning"])
             )
 
@@ -112,10 +113,10 @@ def test_the_video_shows_the_stretch_and_the_markers() -> None:
     zoom = row["zoom"]
     (marker,) = zoom["markers"]
     overview = decode_video(video, 16, max_pixels=56 * 56)
-    blue = [
+    blue = [  # the frames' corners: no marker reaches them
         i
         for i, frame in zip(overview.frame_indices, overview.frames, strict=True)
-        if np.abs(frame[20:36, 20:36].reshape(-1, 3).mean(0) - BACKGROUND["blue"]).max() < 12
+        if np.abs(frame[:4, :4].reshape(-1, 3).mean(0) - BACKGROUND["blue"]).max() < 12
     ]
     slot = CONFIG.num_frames // CONFIG.slots
     assert blue and all(i // slot == zoom["landmark_slot"] for i in blue)
@@ -123,35 +124,39 @@ def test_the_video_shows_the_stretch_and_the_markers() -> None:
     frames = decode_frames(
         video, [start - 1, start, start + CONFIG.marker_frames - 1], max_pixels=56 * 56
     ).frames
-    side = CONFIG.marker_side
-    y = 0 if marker["corner"].startswith("top") else CONFIG.size - side
-    x = 0 if marker["corner"].endswith("left") else CONFIG.size - side
-    patch = frames[:, y + 4 : y + side - 4, x + 4 : x + side - 4].reshape(3, -1, 3).mean(1)
-    # The frame before the marker shows the background; its first and last frames the marker
-    # (yuv420 compression moves flat colours by a few levels, far below the colours' distances).
-    assert np.abs(patch[0] - BACKGROUND["blue"]).max() < 20
-    assert np.abs(patch[1:] - MARKER_COLORS[marker["color"]]).max() < 20
-    assert row["answer"] == f"<answer>{OPTION_LETTERS[CORNERS.index(marker['corner'])]}</answer>"
+    assert_marker_shown(frames[1:], marker, before=frames[0])
+    sizes = list(MARKER_SIZES)
+    assert row["answer"] == f"<answer>{OPTION_LETTERS[sizes.index(marker['size'])]}</answer>"
     assert json.loads(request_body(row["tool_trace"]["first_turn"]))["name"] == "get_frames"
 
 
-def test_the_command_renders_the_markers_it_is_asked_for(tmp_path) -> None:
+def assert_marker_shown(frames: np.ndarray, marker: dict, before: np.ndarray | None = None) -> None:
+    """``frames`` show ``marker``: its colour inside its centred box, the blue background just
+    outside it (and everywhere in ``before``). yuv420 compression moves flat colours by a few
+    levels, far below the colours' distances, but blurs their edges: 3 pixels are left out."""
+    low, high = marker_box(CONFIG, marker["size"])
+    inside = frames[:, low + 3 : high - 3, low + 3 : high - 3].reshape(len(frames), -1, 3).mean(1)
+    assert np.abs(inside - MARKER_COLORS[marker["color"]]).max() < 20
+    if low >= 3:  # every size but huge leaves a rim of background
+        outside = frames[:, low - 3, CONFIG.size // 2].astype(float)
+        assert np.abs(outside - BACKGROUND["blue"]).max() < 20
+    if before is not None:
+        background = before[low + 3 : high - 3, low + 3 : high - 3].mean((0, 1))
+        assert np.abs(background - BACKGROUND["blue"]).max() < 20
+
+
+def test_the_command_renders_the_task(tmp_path) -> None:
     from helpers.cli import lvrl, run_lvrl
 
     out = tmp_path / "zoom"
     small = ["--frames", "384", "--slots", "8", "--num-train", "0", "--num-val", "3", "--num-test", "0"]
-    run_lvrl("data", "zoom", "--out", str(out), "--marker-side", "28", *small)
+    run_lvrl("data", "zoom", "--out", str(out), *small)
     config = json.loads((out / "dataset.json").read_text())["config"]
-    assert config["marker_side"] == 28 and config["num_frames"] == 384
+    assert config["num_frames"] == 384 and config["slots"] == 8
     with tarfile.open(out / "val-00000.tar") as tar:
         row = json.loads(tar.extractfile("synth-val-000002.json").read())  # Spatial: one marker
         video = tar.extractfile("synth-val-000002.mp4").read()
     (marker,) = row["zoom"]["markers"]
-    (frame,) = decode_frames(video, [marker["start_frame"]], max_pixels=56 * 56).frames
-    # The marker fills its corner's quadrant: 20 pixels in from its corner (outside the default
-    # 16-pixel marker) still has its colour.
-    y = 20 if marker["corner"].startswith("top") else 35
-    x = 20 if marker["corner"].endswith("left") else 35
-    assert np.abs(frame[y, x] - np.array(MARKER_COLORS[marker["color"]])).max() < 20
-    refused = lvrl("data", "zoom", "--out", str(tmp_path / "bad"), "--marker-side", "29", *small)
-    assert refused.returncode != 0 and "marker_side in [4, size / 2]" in refused.stderr
+    assert_marker_shown(decode_frames(video, [marker["start_frame"]], max_pixels=56 * 56).frames, marker)
+    refused = lvrl("data", "zoom", "--out", str(tmp_path / "bad"), "--size", "27", *small)
+    assert refused.returncode != 0 and "size must be even and >= 28" in refused.stderr
