@@ -314,10 +314,11 @@ class RolloutCallback(Callback):
                 "from: set data.init_args.tool_use: true"
             )
 
-    def _frame_tool(self, trainer: L.Trainer, pl_module: Any, encode: VideoEncoder) -> FrameTool:
+    def _frame_tool(self, trainer: L.Trainer, pl_module: RolloutConsumer, encode: VideoEncoder) -> FrameTool:
         assert self.tool_budget is not None
         family = family_of(pl_module.policy().model.config)
-        return FrameTool(self.tool_budget, trainer.datamodule.processor, family, encode)  # type: ignore[union-attr]
+        processor = trainer.datamodule.processor  # type: ignore[union-attr]
+        return FrameTool(self.tool_budget, processor, family, encode, keep_pixels=pl_module.trains_vision)
 
     @staticmethod
     def _draw_prompts(trainer: L.Trainer, pl_module: L.LightningModule) -> PromptBatch | None:

@@ -126,13 +126,15 @@ class Episode:
     def segment_inputs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each segment's ``(pixel_values_videos, grid_thw)``, in order: what a trainable vision
         tower encodes again with grad."""
-        if any(pixels is None for pixels in self.segment_pixels):
-            raise ValueError("a segment's pixel values were not kept: it cannot be encoded again")
-        return [
-            (pixels, segment.grid_thw)
-            for segment, pixels in zip(self.segments, self.segment_pixels, strict=True)
-            if pixels is not None
-        ]
+        inputs = []
+        for segment, pixels in zip(self.segments, self.segment_pixels, strict=True):
+            if pixels is None:
+                raise ValueError(
+                    "a segment's pixel values were not kept (FrameTool.keep_pixels): "
+                    "it cannot be encoded again"
+                )
+            inputs.append((pixels, segment.grid_thw))
+        return inputs
 
     @property
     def sampled_ids(self) -> list[int]:

@@ -216,6 +216,10 @@ class GRPOModule(VLMModule):
                 settings.group_size,
             )
 
+    @property
+    def trains_vision(self) -> bool:
+        return not self.hparams.freeze_vision
+
     def receive_rollouts(self, rollouts: RolloutBatch) -> None:
         self._rollouts = rollouts
 

@@ -86,6 +86,9 @@ class FrameTool:
     family: ModelFamily
     encode: VideoEncoder
     """The trainer's vision tower: ``(pixel_values_videos, video_grid_thw) -> one encoding per video``."""
+    keep_pixels: bool = False
+    """Keep the served frames' pixel values in the replies (a trainable tower encodes them again
+    with grad in the policy pass); otherwise they are dropped once encoded."""
 
     def reply(
         self, body: str, state: EpisodeFrames, video: FrameSource, cache: SegmentCache
@@ -109,6 +112,8 @@ class FrameTool:
             assert inputs.pixel_values_videos is not None and inputs.video_grid_thw is not None
             with torch.no_grad():
                 (embeds,) = self.encode(inputs.pixel_values_videos, inputs.video_grid_thw.reshape(1, 3))
+            if not self.keep_pixels:  # a frozen tower never reads them again
+                inputs = replace(inputs, pixel_values_videos=None)
             cache.entries[key] = (inputs, embeds.detach())
             cache.encoded_frames += len(plan.frame_indices)
         inputs, embeds = cache.entries[key]

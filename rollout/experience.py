@@ -197,6 +197,12 @@ class RolloutConsumer(Protocol):
         """The policy an engine starts on."""
         ...
 
+    @property
+    def trains_vision(self) -> bool:
+        """Whether the policy pass encodes videos again with grad (a trainable vision tower): tool
+        replies then keep their frames' pixel values for it."""
+        ...
+
     def gathered_model(self) -> AbstractContextManager[torch.nn.Module]:
         """The whole policy model for a block of work whose length differs across ranks (an
         engine that samples with the live policy); itself when the model is not sharded."""

@@ -58,9 +58,9 @@ class VideoPrompt:
     def request(self) -> RolloutRequest:
         return RolloutRequest(self.layout, self.layout.encoded_video(self.video_embeds))
 
-    def tool(self, budget: FrameBudget, encode=None) -> FrameTool:
+    def tool(self, budget: FrameBudget, encode=None, keep_pixels: bool = False) -> FrameTool:
         encode = encode or (lambda pixels, grid: encode_videos(self.model, pixels, grid))
-        return FrameTool(budget, self.processor, self.family, encode)
+        return FrameTool(budget, self.processor, self.family, encode, keep_pixels=keep_pixels)
 
     def ids(self, text: str) -> list[int]:
         """``text`` tokenised as the model would write it."""

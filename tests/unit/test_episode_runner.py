@@ -53,7 +53,7 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     source = type(prompt.source)(prompt.source.key, prompt.source.source_fps, prompt.source.num_frames, read)
     sampling = SamplingConfig(n=4, max_new_tokens=64, seed=10)
     (group,), stats = run_episodes(
-        engine, [prompt.request()], [source], sampling, prompt.tool(BUDGET, encode)
+        engine, [prompt.request()], [source], sampling, prompt.tool(BUDGET, encode, keep_pixels=True)
     )
 
     # Turns per episode as scripted; only the model's turns are sampled (trained) tokens.
@@ -67,8 +67,8 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     assert group[0].segments[0] is group[1].segments[0] or torch.equal(
         group[0].segments[0].embeds, group[1].segments[0].embeds
     )
-    # The served pixels are kept (a trainable tower encodes them again): they encode to the
-    # segment, and episodes served the same frames share them.
+    # The served pixels are kept when asked (a trainable tower encodes them again): they encode
+    # to the segment, and episodes served the same frames share them.
     ((pixels, grid),) = group[0].segment_inputs()
     assert group[1].segment_inputs()[0][0] is pixels
     with torch.no_grad():
@@ -106,6 +106,18 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     first = int(segment_t[0])
     assert sorted(set((segment_t - first).tolist())) == [0, int((3.0 - 1.0) * rule.tokens_per_second)]
     assert int(slots.sum()) == len(prompt.layout.video_slots.nonzero()) + len(group[0].segments[0].embeds)
+
+
+def test_a_frozen_tower_keeps_no_pixel_values(prompt) -> None:
+    """Without ``keep_pixels`` (a frozen tower never encodes the frames again) the replies hold
+    the encoding only, and asking for the pixels says why there are none."""
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    engine = ScriptedEngine([[prompt.request_ids(1, 5), answer]])
+    sampling = SamplingConfig(n=1, max_new_tokens=64, seed=0)
+    (group,), _ = run_episodes(engine, [prompt.request()], [prompt.source], sampling, prompt.tool(BUDGET))
+    assert len(group[0].segments) == 1 and group[0].segment_pixels == [None]
+    with pytest.raises(ValueError, match="keep_pixels"):
+        group[0].segment_inputs()
 
 
 def test_frames_the_video_cannot_give_are_a_rejection_and_cost_no_budget(prompt) -> None:
