@@ -5,6 +5,10 @@
 # tool SFT export, then evaluate each on the 400 held-out questions: tool use (the rollout code
 # answers), and the dense model at 16, 64 and 256 frames; a paired comparison and a table of
 # accuracy against frames seen (runs/zoom/accuracy.md).
+#
+# DATA_DIR: the task's shards (built there if missing; default data/zoom). DEMO_ARGS: arguments
+# added to every fit and validate, e.g. a smoke run of the whole pipeline in minutes:
+#   DEMO_ARGS="--trainer.max_steps 2 --trainer.val_check_interval 2 --trainer.limit_val_batches 1"
 set -euo pipefail
 run_dir=${1:-runs/zoom}
 data_dir=${DATA_DIR:-data/zoom}
@@ -13,6 +17,7 @@ export WANDB_MODE=${WANDB_MODE:-offline}
 start=$(date +%s)
 data_args=(--data.init_args.train_shards "$data_dir/train-*.tar" --data.init_args.val_shards "$data_dir/val-*.tar")
 held_out=(--trainer.limit_val_batches null --data.init_args.val_shards "$data_dir/{val,test}-*.tar")
+read -ra extra <<<"${DEMO_ARGS:-}"
 
 if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data zoom --out "$data_dir"
@@ -26,9 +31,9 @@ fi
 train_and_evaluate() {
   local name=$1 config=$2 start_from=$3
   "$lvrl" fit --config "$config" --trainer.default_root_dir "$run_dir/$name" \
-    --model.init_args.model_path "$start_from" "${data_args[@]}"
+    --model.init_args.model_path "$start_from" "${data_args[@]}" "${extra[@]}"
   "$lvrl" validate --config "$config" --trainer.default_root_dir "$run_dir/$name-eval" \
-    --model.init_args.model_path "$run_dir/$name/hf" "${data_args[@]}" "${held_out[@]}"
+    --model.init_args.model_path "$run_dir/$name/hf" "${data_args[@]}" "${held_out[@]}" "${extra[@]}"
 }
 
 echo "== CoT-SFT on tool traces"
