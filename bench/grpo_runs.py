@@ -2,8 +2,8 @@
 ``bench/agreement.py`` share (a config per run, the run as an ``lvrl`` subprocess, its CSV
 metrics, a mean ± spread over seeds).
 
-A run whose folder holds ``done`` is not run again, so an interrupted comparison continues
-where it stopped.
+A run whose folder holds ``done`` is not run again, and one stopped part way resumes from its
+last checkpoint, so an interrupted comparison continues where it stopped.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
 
 
 def demo_grpo_config(run_dir: Path, sft: str, data: str, seed: int, steps: int) -> dict[str, Any]:
-    """The demo's GRPO config for one run: CSV metrics in ``run_dir``, its seed for the data order
-    and the rollouts, no validation during training."""
+    """The demo's GRPO config for one run: CSV metrics in ``run_dir``, ``seed`` for the rollouts'
+    sampling (and ``seed_everything``), no validation during training. Every run reads the
+    training prompts in the same order (the datamodule's own seed): seeds vary the sampling only,
+    so two settings of one seed see the same prompts at every step."""
     config = yaml.safe_load(DEMO_GRPO.read_text())
     config["seed_everything"] = seed
     trainer = config["trainer"]
@@ -44,13 +46,24 @@ def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback"))
 
 
-def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log") -> None:
+def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", append: bool = False) -> None:
     """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / log_name).open("w") as log:
+    with (run_dir / log_name).open("a" if append else "w") as log:
         command = [sys.executable, "-m", "app", *arguments]
         subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+
+
+def fit_or_resume(run_dir: Path) -> None:
+    """``lvrl fit`` of ``run_dir/config.yaml``, continuing from the checkpoint an interrupted
+    attempt left (stop a run with SIGTERM to its ``lvrl`` process: it finishes the step and
+    writes ``last.ckpt``; the bench then stops too, and its next start resumes the run)."""
+    resume = (run_dir / "checkpoints" / "last.ckpt").exists()
+    arguments = ["fit", "--config", str(run_dir / "config.yaml")]
+    if resume:
+        print(f"resuming {run_dir.name} from its last checkpoint", flush=True)
+    run_lvrl(run_dir, arguments + (["--ckpt_path", "last"] if resume else []), append=resume)
 
 
 def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None] | None = None) -> Path:
@@ -60,7 +73,7 @@ def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None]
         print(f"running {run_dir.name} ...", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
-        run_lvrl(run_dir, ["fit", "--config", str(run_dir / "config.yaml")])
+        fit_or_resume(run_dir)
         if then is not None:
             then(run_dir)
         (run_dir / "done").touch()

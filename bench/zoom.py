@@ -11,8 +11,11 @@ McNemar tests on the same questions, per seed and pooled over seeds: tool GRPO v
 (the target: significantly above) and tool GRPO vs dense 256 frames (the target: at least as
 accurate), with the wall time of each stage.
 
-Every stage is skipped when its folder holds ``done``, so an interrupted comparison continues
-where it stopped (``make demo-zoom`` is one seed of this, in ``runs/zoom``).
+Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
+resumes from its last checkpoint (every 50 steps, and at a SIGTERM to its ``lvrl`` process), so
+an interrupted comparison continues where it stopped (``make demo-zoom`` is one seed of this,
+in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start), then the dense
+baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
        [--sft-steps 300] [--grpo-steps 200]
@@ -32,19 +35,21 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.report import last_predictions, paired_comparison
-from bench.grpo_runs import REPO, column, markdown, mean_and_spread, run_lvrl
+from bench.grpo_runs import REPO, column, fit_or_resume, markdown, mean_and_spread, run_lvrl
 
 CONFIGS = REPO / "configs" / "zoom"
-STAGES = (
+CHECKPOINT_EVERY = 50
+STAGES = (  # in running order: GRPO starts from the tool SFT export
     ("tool SFT", "sft-tool", "sft_tool.yaml"),
-    ("dense SFT, 256 frames", "sft-dense", "sft_dense.yaml"),
     ("tool GRPO", "grpo-tool", "grpo_tool.yaml"),
+    ("dense SFT, 256 frames", "sft-dense", "sft_dense.yaml"),
 )
 
 
 def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, steps: int) -> dict[str, Any]:
-    """``configs/zoom/<name>``: metrics as CSV in ``run_dir``, the seed for the data order (and
-    the rollouts), the model it starts from, no validation during training."""
+    """``configs/zoom/<name>``: metrics as CSV in ``run_dir``, ``seed`` for the data order (the
+    datamodule's shuffles: without it the SFT runs of every seed would be the same run) and the
+    rollouts, the model it starts from, no validation during training."""
     config = yaml.safe_load((CONFIGS / name).read_text())
     config["seed_everything"] = seed
     trainer = config["trainer"]
@@ -54,29 +59,36 @@ def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, st
     for callback in trainer["callbacks"]:
         if callback["class_path"].endswith("RolloutCallback"):
             callback["init_args"]["seed"] = seed
-        if callback["class_path"].endswith("RunCheckpoint"):
-            callback["init_args"]["every_n_train_steps"] = steps
+        if callback["class_path"].endswith("RunCheckpoint"):  # what a killed stage resumes from
+            callback["init_args"]["every_n_train_steps"] = min(steps, CHECKPOINT_EVERY)
     config["model"]["init_args"]["model_path"] = str(start)
-    config["data"]["init_args"].update(train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar")
+    config["data"]["init_args"].update(
+        train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar", seed=seed
+    )
     return config
 
 
 def timed_once(out: Path, work: Any) -> float:
-    """Run ``work()`` unless ``out/done`` exists; returns its wall time in seconds (recorded)."""
-    done = out / "done"
+    """Run ``work()`` unless ``out/done`` exists; returns its wall time in seconds, over every
+    attempt (an interrupted one records its time in ``out/elapsed``)."""
+    done, elapsed = out / "done", out / "elapsed"
     if not done.exists():
         print(f"running {out} ...", flush=True)
         out.mkdir(parents=True, exist_ok=True)
+        before = float(elapsed.read_text()) if elapsed.exists() else 0.0
         started = time.perf_counter()
-        work()
-        done.write_text(json.dumps({"seconds": time.perf_counter() - started}))
+        try:
+            work()
+        finally:
+            elapsed.write_text(str(before + time.perf_counter() - started))
+        done.write_text(json.dumps({"seconds": float(elapsed.read_text())}))
     return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
 
 
 def train(run_dir: Path, config: dict[str, Any]) -> float:
     def work() -> None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-        run_lvrl(run_dir, ["fit", "--config", str(run_dir / "config.yaml")])
+        fit_or_resume(run_dir)
 
     return timed_once(run_dir, work)
 
@@ -161,14 +173,18 @@ def main() -> None:
             if folder == "grpo-tool":
                 extra["requests"].append(last(metrics, "val/requests_per_answer"))
                 extra["frames"].append(last(metrics, "val/frames_per_answer"))
-    rows = [
-        [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
-        for label, values in accuracy.items()
-    ]
-    rows.insert(2, ["dense SFT, 64 frames", mean_and_spread(extra["dense 64"]), ""])
-    rows.insert(2, ["dense SFT, 16 frames", mean_and_spread(extra["dense 16"]), ""])
+
+    def row(label: str, values: list[float]) -> list[str]:
+        return [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
+
     seen, asked = mean_and_spread(extra["frames"], 1), mean_and_spread(extra["requests"], 2)
-    rows[-1][0] += f" ({seen} frames, {asked} requests per answer)"
+    rows = [
+        row("dense SFT, 16 frames", extra["dense 16"]),
+        row("dense SFT, 64 frames", extra["dense 64"]),
+        row("dense SFT, 256 frames", accuracy["dense SFT, 256 frames"]),
+        row("tool SFT", accuracy["tool SFT"]),
+        row(f"tool GRPO ({seen} frames, {asked} requests per answer)", accuracy["tool GRPO"]),
+    ]
     steps = f"{args.sft_steps} SFT / {args.grpo_steps} GRPO steps"
     print(f"\nzoom task, seeds {args.seeds}, {steps}, held-out questions")
     print(markdown(["setting", "accuracy", "per seed"], rows))
