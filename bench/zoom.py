@@ -75,13 +75,14 @@ def timed_once(out: Path, work: Any) -> float:
     if not done.exists():
         print(f"running {out} ...", flush=True)
         out.mkdir(parents=True, exist_ok=True)
-        before = float(elapsed.read_text()) if elapsed.exists() else 0.0
+        total = float(elapsed.read_text()) if elapsed.exists() else 0.0
         started = time.perf_counter()
         try:
             work()
         finally:
-            elapsed.write_text(str(before + time.perf_counter() - started))
-        done.write_text(json.dumps({"seconds": float(elapsed.read_text())}))
+            total += time.perf_counter() - started
+            elapsed.write_text(str(total))
+        done.write_text(json.dumps({"seconds": total}))
     return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
 
 
