@@ -26,7 +26,11 @@ centred square reaches all four tokens of its frame: within 300 steps the loss w
 frames was lower than with another video's (0.32-0.39 against 0.39-0.42), and after 600 steps
 (frozen tower) 54.5% of 200 validation questions were right (sizes 76%, counts 78%; colours
 30-34%: the colour is not read yet). The scenes task found the same: its models read sizes and
-colours, not absolute positions.
+colours, not absolute positions. A rerun of that probe (README, "Frames on request") did not
+reproduce the 54.5%: 26.5% after 600 steps, the loss the same with another video's frames. What
+made the markers readable there was the temporal patch: Qwen2.5-VL merges two consecutive frames
+into one visual token, so a marker seen in one served frame is half of a token's input; with the
+marker in both frames of its patch the probe read it within 300 steps.
 
 Why the span matters: a one-second marker is in one of every ``num_frames / frames`` sampled
 frames by chance only: a 16-frame overview (one frame every 8 s) sees each with probability
