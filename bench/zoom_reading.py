@@ -48,12 +48,12 @@ PATCH_FACTOR = 28  # Qwen2.5-VL's: 14-pixel patches merged 2 x 2
 
 def per_token_loss(module: SFTModule, batch: dict[str, Any]) -> torch.Tensor:
     """Cross-entropy of every labelled token (0 elsewhere), aligned with ``labels[:, 1:]``."""
-    with torch.no_grad():
-        logits = module.forward_logits(batch)
     labels = batch["labels"][:, 1:]
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].transpose(1, 2).float(), labels, ignore_index=IGNORE_INDEX, reduction="none"
-    )
+    with torch.no_grad():  # the module's loss, per token: its logits start at the first label
+        kept = module.token_mean_loss(batch, reduction="none").reshape(len(labels), -1)
+    loss = torch.zeros(labels.shape)
+    loss[:, labels.shape[1] - kept.shape[1] :] = kept
+    return loss
 
 
 def turn_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
