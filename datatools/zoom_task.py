@@ -3,9 +3,10 @@
 A video of ``num_frames`` frames (default 1,024 at 8 fps: 128 s) is cut into ``slots`` equal
 stretches (default 8 of 16 s). One stretch, the *landmark*, has a blue background; the others
 are grey, so even a sparse overview (16 frames: two per stretch) shows where it is. Short
-*markers* flash for ``marker_frames`` frames (default 8: one second): a coloured square of one of
-four sizes in the middle of the frame. The question asks about the markers inside the blue
-stretch; markers elsewhere are distractors. Four categories, as :data:`~core.qa.CATEGORIES`:
+*markers* show for ``marker_frames`` frames (default 16: two seconds) on a two-second grid from
+the stretch's start: a coloured square of one of four sizes in the middle of the frame. The
+question asks about the markers inside the blue stretch; markers elsewhere are distractors.
+Four categories, as :data:`~core.qa.CATEGORIES`:
 
 ========================  =====================================================================
 Temporal                  "Which marker colour appears first during the blue stretch?" (2-3
@@ -30,13 +31,15 @@ colours, not absolute positions. A rerun of that probe (README, "Frames on reque
 reproduce the 54.5%: 26.5% after 600 steps, the loss the same with another video's frames. What
 made the markers readable there was the temporal patch: Qwen2.5-VL merges two consecutive frames
 into one visual token, so a marker seen in one served frame is half of a token's input; with the
-marker in both frames of its patch the probe read it within 300 steps.
+marker in both frames of its patch the probe read it within 300 steps. So a marker lasts as
+long as one visual token at the request's rate (two served frames) and starts where one does:
+a request for the stretch at 1 fps serves every marker as both frames of one temporal patch.
 
-Why the span matters: a one-second marker is in one of every ``num_frames / frames`` sampled
-frames by chance only: a 16-frame overview (one frame every 8 s) sees each with probability
-1/8, 64 dense frames (every 2 s) 1/2, 256 (every 0.5 s) always. Asking for the blue stretch at
-1 fps (16 frames) sees every marker in it exactly once (a stretch starts on a whole second and
-a marker covers one): the tool's 32-frame budget holds the answer, the overview does not.
+Why the span matters: a two-second marker is in a sparse sample by chance only: a 16-frame
+overview (one frame every 8 s) falls on about a fifth of them, 32 frames on half, and 64 (every
+2 s) on each once, as one of the two frames of a temporal patch; 128 dense frames or more show
+each as a whole patch. Asking for the blue stretch at 1 fps (16 frames) serves every marker in it
+as both frames of one patch: the tool's 32-frame budget holds the answer, the overview does not.
 
 Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
 sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers: red top left at
@@ -80,6 +83,8 @@ MARKER_COLORS: dict[str, tuple[int, int, int]] = {
     "yellow": (235, 215, 20),
     "white": (255, 255, 255),
 }
+TEMPORAL_PATCH = 2
+"""Frames one visual token spans in time, in every Qwen-VL family (``temporal_patch_size``)."""
 MARKER_SIZES: dict[str, float] = {"small": 2 / 7, "medium": 3 / 7, "large": 9 / 14, "huge": 6 / 7}
 """A marker's side as a fraction of the frame's (16, 24, 36 and 48 pixels in 56-pixel frames)."""
 COUNT_OPTIONS: tuple[str, ...] = ("0", "1", "2", "3")
@@ -100,7 +105,9 @@ class ZoomConfig:
         num_frames: frames per video.
         fps: frame rate (duration = ``num_frames / fps``).
         slots: equal stretches the video is cut into, one of them the blue landmark.
-        marker_frames: how long a marker shows, in frames.
+        marker_frames: how long a marker shows, in frames: the frames of one temporal patch
+            at ``request_fps`` (:data:`TEMPORAL_PATCH` served frames); markers start on a grid
+            of this many frames from their stretch's start.
         size: side of the square frames in pixels (even, at least 28; markers are
             :data:`MARKER_SIZES` of it).
         max_distractors: most markers in each grey stretch.
@@ -113,7 +120,7 @@ class ZoomConfig:
     num_frames: int = 1024
     fps: float = 8.0
     slots: int = 8
-    marker_frames: int = 8
+    marker_frames: int = 16
     size: int = 56
     max_distractors: int = 2
     request_fps: float = 1.0
@@ -129,13 +136,17 @@ class ZoomConfig:
             raise ValueError(
                 f"num_frames={self.num_frames} must split into slots={self.slots} equal stretches"
             )
-        if self.marker_frames < 1 or 3 * 2 * self.marker_frames > self.slot_frames:
+        if self.marker_frames < 1 or 5 * self.marker_frames > self.slot_frames:
             raise ValueError("a stretch must hold three markers with gaps: marker_frames too large")
         step = self.fps / self.request_fps
-        if step != int(step) or self.slot_frames % int(step) or self.marker_frames != int(step):
+        if (
+            step != int(step)
+            or self.slot_frames % self.marker_frames
+            or self.marker_frames != TEMPORAL_PATCH * step
+        ):
             raise ValueError(
-                "request_fps must sample every marker exactly once: fps / request_fps a whole number of "
-                "frames that divides a stretch and equals marker_frames"
+                "a request must serve every marker as one temporal patch: fps / request_fps a whole "
+                f"number of frames, marker_frames {TEMPORAL_PATCH} times that, dividing a stretch"
             )
         if self.seed < 0 or not 0 <= self.noise <= 32 or self.max_distractors < 0:
             raise ValueError("seed and max_distractors must be >= 0, noise in [0, 32]")
@@ -168,17 +179,17 @@ def sample_rngs(
 
 
 def _place(rng: np.random.Generator, config: ZoomConfig, slot: int, count: int) -> list[int]:
-    """Start frames of ``count`` markers inside stretch ``slot``, at any frame (no grid that a
-    sampling rate could line up with), at least a marker's length apart."""
-    length = config.marker_frames
-    spare = config.slot_frames - (2 * count - 1) * length if count else 0
-    # Sorted uniform cut points split the spare frames into count + 1 random non-negative parts.
+    """Start frames of ``count`` markers inside stretch ``slot``, on the grid of ``marker_frames``
+    from its start (where the request's temporal patches start), a free grid cell between two."""
+    cells = config.slot_frames // config.marker_frames
+    spare = cells - (2 * count - 1) if count else 0
+    # Sorted uniform cut points split the spare cells into count + 1 random non-negative parts.
     cuts = np.sort(rng.integers(0, spare + 1, size=count))
-    starts, position = [], slot * config.slot_frames
+    starts, cell = [], 0
     for i, cut in enumerate(cuts.tolist()):
-        position += cut - (cuts[i - 1] if i else 0)
-        starts.append(int(position))
-        position += 2 * length
+        cell += cut - (cuts[i - 1] if i else 0)
+        starts.append(slot * config.slot_frames + int(cell) * config.marker_frames)
+        cell += 2
     return starts
 
 

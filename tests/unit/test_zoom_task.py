@@ -66,6 +66,8 @@ def test_answers_follow_the_ground_truth(rows) -> None:
         assert starts == sorted(starts) and all(
             b - a > CONFIG.marker_frames for a, b in itertools.pairwise(starts)
         )
+        # On the grid of the request's temporal patches (the stretch's start, every 2 s).
+        assert all((s - start) % CONFIG.marker_frames == 0 for s in starts)
         if row.category in ("Temporal", "Goal and Purpose"):
             assert len({m["color"] for m in markers}) == len(markers)
         assert all(not start <= d["start_frame"] < end for d in zoom["distractors"])
@@ -75,12 +77,13 @@ def test_answers_follow_the_ground_truth(rows) -> None:
     assert len(set(letters)) == 4  # every colour comes first somewhere
 
 
-def test_the_overview_misses_the_markers_and_the_request_sees_each_once(rows) -> None:
-    # One second in eight seconds: the 16-frame overview falls on few markers, 64 dense frames
-    # (every 2 s) on about half, 256 (every 0.5 s) on all.
-    assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 16)) < 0.25
-    assert 0.3 < seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 64)) < 0.7
-    assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 256)) == 1.0
+def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patch(rows) -> None:
+    # Two seconds in eight: the 16-frame overview falls on few markers (a quarter at most: its
+    # two frames per stretch fall in two of the stretch's eight 2-s cells), 32 frames on about
+    # half, 64 (every 2 s) on every one.
+    assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 16)) <= 0.25
+    assert 0.3 < seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 32)) < 0.7
+    assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 64)) == 1.0
     budget = FrameBudget(frames_per_call=16)
     for row in rows:
         trace = row.extra["tool_trace"]
@@ -90,9 +93,14 @@ def test_the_overview_misses_the_markers_and_the_request_sees_each_once(rows) ->
         assert len(plan.frame_indices) == 16
         seen_in = []
         for marker in markers_of(row):
-            hits = [i for i in plan.frame_indices if 0 <= i - marker["start_frame"] < CONFIG.marker_frames]
-            assert len(hits) == 1, (row.problem_id, marker)
-            seen_in.append(hits)
+            hits = [
+                k
+                for k, i in enumerate(plan.frame_indices)
+                if 0 <= i - marker["start_frame"] < CONFIG.marker_frames
+            ]
+            # Both frames of one temporal patch (served frames 2j and 2j + 1): one whole visual token.
+            assert len(hits) == 2 and hits[0] % 2 == 0 and hits[1] == hits[0] + 1, (row.problem_id, marker)
+            seen_in.append([plan.frame_indices[hits[0]]])
         # The last turn says what the served frames show, each marker at the time of its frame.
         assert trace["final_reasoning"] == served_markers(CONFIG, row, list(plan.frame_indices))
         for marker, (hit,) in zip(markers_of(row), seen_in, strict=True):
@@ -149,10 +157,10 @@ def test_the_command_renders_the_task(tmp_path) -> None:
     from helpers.cli import lvrl, run_lvrl
 
     out = tmp_path / "zoom"
-    small = ["--frames", "384", "--slots", "8", "--num-train", "0", "--num-val", "3", "--num-test", "0"]
+    small = ["--frames", "640", "--slots", "8", "--num-train", "0", "--num-val", "3", "--num-test", "0"]
     run_lvrl("data", "zoom", "--out", str(out), *small)
     config = json.loads((out / "dataset.json").read_text())["config"]
-    assert config["num_frames"] == 384 and config["slots"] == 8
+    assert config["num_frames"] == 640 and config["slots"] == 8
     with tarfile.open(out / "val-00000.tar") as tar:
         row = json.loads(tar.extractfile("synth-val-000002.json").read())  # Spatial: one marker
         video = tar.extractfile("synth-val-000002.mp4").read()
