@@ -78,9 +78,9 @@ def test_answers_follow_the_ground_truth(rows) -> None:
 
 
 def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patch(rows) -> None:
-    # Two seconds in eight: the 16-frame overview falls on few markers (a quarter at most: its
-    # two frames per stretch fall in two of the stretch's eight 2-s cells), 32 frames on about
-    # half, 64 (every 2 s) on every one.
+    # Two seconds in eight: the 16-frame overview falls on few markers (its two frames per
+    # stretch land in two of the stretch's eight 2-s cells: about a fifth of the markers, as the
+    # markers keep a free cell between them), 32 frames on about half, 64 (every 2 s) on all.
     assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 16)) <= 0.25
     assert 0.3 < seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 32)) < 0.7
     assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 64)) == 1.0
