@@ -87,11 +87,11 @@ def _drop_run_state() -> None:
     if wandb is not None and wandb.run is not None:
         wandb.finish()  # else the next run's WandbLogger would log into this run
     # A vLLM engine that goes away takes vLLM's process-wide parallel state with it, so an
-    # engine cached by a test helper from before the run cannot generate any more: drop it
+    # engine kept by a test helper from before the run cannot generate any more: drop it
     # too (the next test starts a fresh one).
     engine_helpers = sys.modules.get("helpers.engine_helpers")
     if engine_helpers is not None:
-        engine_helpers.vllm_engine.cache_clear()
+        engine_helpers.drop_vllm_engine()
     gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
 
 

@@ -10,6 +10,7 @@ exactly ``max_new_tokens`` ids come back and the comparison always covers that m
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,14 +46,28 @@ def greedy_ids_transformers(
     return out[0, input_ids.shape[1] :].tolist()
 
 
-@functools.lru_cache(maxsize=1)
+_ENGINE: dict[str, Any] = {}
+"""The in-process vLLM engine of the last model directory asked for (starting one costs seconds)."""
+
+
 def vllm_engine(model_dir: str, max_model_len: int = 1024) -> Any:
-    """One in-process float32 vLLM engine per model directory (cached: starting one costs seconds)."""
-    for key, value in VLLM_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    """One in-process float32 vLLM engine, kept for the next call with the same model directory.
+
+    An engine for another directory first shuts the kept one down, here and now: an in-process
+    engine's shutdown tears down vLLM's process-wide parallel groups, which the next engine
+    shares, so leaving the old one to the garbage collector lets it pull them from under the
+    new one whenever a collection happens to run (seen on CI as "pipeline model parallel group
+    is not initialized" in the middle of a generate).
+    """
+    key = f"{model_dir}|{max_model_len}"
+    if key in _ENGINE:
+        return _ENGINE[key]
+    drop_vllm_engine()
+    for name, value in VLLM_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     from vllm import LLM
 
-    return LLM(
+    _ENGINE[key] = LLM(
         model=model_dir,
         dtype="float32",
         max_model_len=max_model_len,
@@ -61,6 +76,15 @@ def vllm_engine(model_dir: str, max_model_len: int = 1024) -> Any:
         limit_mm_per_prompt={"image": 0, "video": 1},
         seed=0,
     )
+    return _ENGINE[key]
+
+
+def drop_vllm_engine() -> None:
+    """Shut the kept engine down now (and with it vLLM's process-wide parallel state)."""
+    for engine in _ENGINE.values():
+        engine.llm_engine.engine_core.shutdown()
+    _ENGINE.clear()
+    gc.collect()
 
 
 def greedy_ids_vllm(
