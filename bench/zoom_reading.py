@@ -43,7 +43,6 @@ from models.sft import SFTModule
 
 OVERVIEW_FRAMES = 16
 MAX_PIXELS = 4096  # the zoom configs' max_pixels_per_frame
-PATCH_FACTOR = 28  # Qwen2.5-VL's: 14-pixel patches merged 2 x 2
 
 
 def per_token_loss(module: SFTModule, batch: dict[str, Any]) -> torch.Tensor:
@@ -115,9 +114,8 @@ def direct_rows(module: SFTModule, batch: dict[str, Any], tokenizer: Any) -> lis
     letter = answer_letter_mask(batch, tokenizer)
     pixels, grids = batch["pixel_values_videos"], batch["video_grid_thw"]
     rows = []
-    for name, video in (("right video", pixels), ("another row's video", None)):
-        if video is None:
-            video = rotate_videos(pixels, grids, list(range(len(grids))))
+    other = rotate_videos(pixels, grids, list(range(len(grids))))
+    for name, video in (("right video", pixels), ("another row's video", other)):
         loss = per_token_loss(module, dict(batch, pixel_values_videos=video))
         rows.append([name, f"{float(loss[trained].mean()):.4f}", f"{float(loss[letter].mean()):.4f}"])
     return rows
@@ -152,7 +150,8 @@ def main() -> None:
             break
     if len(samples) < 2:
         raise SystemExit(f"{args.data}: fewer than 2 {args.split} questions")
-    traces = None if args.direct else ToolTraces(MAX_PIXELS, PATCH_FACTOR)
+    # Served frames at the data's pixel budget and the family's patch rounding, as the datamodule serves them.
+    traces = None if args.direct else ToolTraces(MAX_PIXELS, module.family.merged_patch_pixels)
     batch = VideoQACollator(processor, family=module.family, tool_traces=traces)(samples)
     tokenizer = processor.tokenizer
     if args.direct:
