@@ -18,7 +18,7 @@ in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start),
 baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--sft-steps 300] [--grpo-steps 200]
+       [--sft-steps 1200] [--grpo-steps 200]
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/zoom-bench")
-    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=200)
     args = parser.parse_args()
     out, data = Path(args.out), args.data
