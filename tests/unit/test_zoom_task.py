@@ -18,6 +18,7 @@ from datatools.zoom_task import (
     BACKGROUND,
     MARKER_COLORS,
     MARKER_SIZES,
+    TEMPORAL_PATCH,
     Marker,
     ZoomConfig,
     encode_sample,
@@ -26,6 +27,7 @@ from datatools.zoom_task import (
     question_of,
     served_markers,
 )
+from models.presets import FAMILIES
 
 CONFIG = ZoomConfig()
 
@@ -108,6 +110,12 @@ def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patc
                 f"{marker['color']} {marker['size']} at {format_timestamp(hit / CONFIG.fps)}"
                 in (trace["final_reasoning"])
             )
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_marker_grid_matches_every_familys_temporal_patch(family: str) -> None:
+    # The task generator loads no model, so it restates the patch length its grid is built on.
+    assert FAMILIES[family].geometry.temporal_patch_size == TEMPORAL_PATCH
 
 
 def test_generation_is_deterministic() -> None:
