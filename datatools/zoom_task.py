@@ -42,11 +42,20 @@ each as a whole patch. Asking for the blue stretch at 1 fps (16 frames) serves e
 as both frames of one patch: the tool's 32-frame budget holds the answer, the overview does not.
 
 Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
-sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers: red top left at
-00:35, green bottom right at 00:41.": when each appears), and ``extra["tool_trace"]``: the
-first turn that asks for the stretch (the reasoning that locates it, then the request in the
-tool's syntax) and the last turn's reasoning about what the reply shows (each marker at the
-time of the frame it is seen in). The ground truth stays in ``extra["zoom"]``.
+sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers by colour: red
+small at 00:35, green none, yellow none, white large at 00:41. In time order: red, white."), and
+``extra["tool_trace"]``: the first turn that asks for the stretch (the reasoning that locates it,
+then the request in the tool's syntax) and the last turn's reasoning about what the reply shows
+(the same listing, each marker at the time of the frame it is seen in). The ground truth stays
+in ``extra["zoom"]``.
+
+Why the markers are looked up by colour: a trace that listed them in time order ("Markers: red
+small at 00:35, green large at 00:41.") taught sizes, times and counts but no colour in 2,400
+steps: the colour words stayed at chance loss (ln 4), the language model's hidden state before
+the first one held neither the colour nor the size of the first marker, while after a colour word
+it read that marker's size and time. Attending to the marker a colour names is easy; naming the
+colour of "the earliest marker" is not. So the trace asks each colour in turn (the lookup it
+learns) and then puts the colours found in time order by their written times (text work).
 
 Generation is deterministic and order-free, as the scenes task's
 (:func:`datatools.synthetic.sample_rngs`): the same seed gives byte-identical rows and videos.
@@ -232,19 +241,29 @@ def question_of(category: str, markers: list[Marker]) -> tuple[tuple[str, ...], 
 
 
 def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = None) -> str:
-    """The markers in time order, each as its colour, its size and when it is seen: the first of
-    ``frames`` that shows it (None: when it appears). Colour and size come first: a model that
-    misreads a time still says what it saw."""
-    if not markers:
-        return "No marker appears in it."
+    """What the markers show, looked up by colour, then their colours in time order. Each colour in
+    :data:`MARKER_COLORS` order with the size and the time of the marker of that colour (the first
+    of ``frames`` that shows it; None: when it appears) or "none"; a stretch's markers have distinct
+    colours. Why by colour: a model reads the marker a colour word names (its size and time) long
+    before it can name the colour of "the first marker" (README, "Frames on request"), and ordering
+    written times is text work."""
 
     def seen_at(marker: Marker) -> int:
         if frames is None:
             return marker.start_frame
         return next(i for i in frames if marker.start_frame <= i < marker.start_frame + config.marker_frames)
 
-    listed = ", ".join(f"{m.color} {m.size} at {format_timestamp(seen_at(m) / config.fps)}" for m in markers)
-    return f"Markers: {listed}."
+    by_colour = {m.color: m for m in markers}
+    if len(by_colour) != len(markers):
+        raise ValueError("the markers of one stretch must differ in colour")
+    listed = ", ".join(
+        f"{color} {by_colour[color].size} at {format_timestamp(seen_at(by_colour[color]) / config.fps)}"
+        if color in by_colour
+        else f"{color} none"
+        for color in MARKER_COLORS
+    )
+    in_order = ", ".join(m.color for m in sorted(markers, key=seen_at)) or "none"
+    return f"Markers by colour: {listed}. In time order: {in_order}."
 
 
 def request_text(start_s: float, end_s: float, fps: float) -> str:

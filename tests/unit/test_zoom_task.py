@@ -112,6 +112,21 @@ def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patc
             )
 
 
+def test_the_reasoning_looks_markers_up_by_colour_then_orders_them_by_time(rows) -> None:
+    for row in rows:
+        markers = sorted(markers_of(row), key=lambda m: m["start_frame"])
+        entries = {
+            m["color"]: f"{m['color']} {m['size']} at {format_timestamp(m['start_frame'] / CONFIG.fps)}"
+            for m in markers
+        }
+        listed = ", ".join(entries.get(color, f"{color} none") for color in MARKER_COLORS)
+        in_order = ", ".join(m["color"] for m in markers) or "none"
+        assert row.reasoning.endswith(f"Markers by colour: {listed}. In time order: {in_order}.")
+    # Every colour order occurs: the order is not a constant the model could learn from the text.
+    orders = {tuple(m["color"] for m in sorted(markers_of(r), key=lambda m: m["start_frame"])) for r in rows}
+    assert len([o for o in orders if len(o) == 2]) >= 10
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_marker_grid_matches_every_familys_temporal_patch(family: str) -> None:
     # The task generator loads no model, so it restates the patch length its grid is built on.
