@@ -266,6 +266,22 @@ def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = 
     return f"Markers by colour: {listed}. In time order: {in_order}."
 
 
+CONCLUSIONS = {"Temporal": "First", "Goal and Purpose": "Last", "Spatial": "Size", "Plot": "Count"}
+"""The closing words of a reading: the asked attribute's value, named right before the answer."""
+
+
+def _reading(
+    config: ZoomConfig, category: str, markers: list[Marker], frames: list[int] | None = None
+) -> str:
+    """:func:`_seen`, then the value the question asks for ("First: red."): the answer letter is
+    then a copy of the option just named, not a lookup across the listing (measured: with the
+    listing alone the letter was the weak step, README)."""
+    if category in ("Temporal", "Goal and Purpose") and not markers:
+        return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: none."
+    options, answer = question_of(category, markers)
+    return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: {options[answer]}."
+
+
 def request_text(start_s: float, end_s: float, fps: float) -> str:
     """A frames request in the tool's syntax (:mod:`core.frame_requests`)."""
     rate: float | int = int(fps) if float(fps).is_integer() else fps
@@ -292,13 +308,13 @@ def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.rand
         "tool_trace": {
             "first_turn": f"<think>{located}</think>\n{request_text(start_s, end_s, config.request_fps)}",
             # What the requested frames show (a marker at the time of the frame it is seen in).
-            "final_reasoning": _seen(config, markers, request_frames(config, landmark)),
+            "final_reasoning": _reading(config, category, markers, request_frames(config, landmark)),
             "request": {"start_s": start_s, "end_s": end_s, "fps": config.request_fps},
         },
         "video_meta": video_meta(config.num_frames, config.fps, config.size),
     }
     question = Question(category, QUESTIONS[category], options, answer, "")
-    row = synthetic_row(key, question, f"{located} {_seen(config, markers)}", extra)
+    row = synthetic_row(key, question, f"{located} {_reading(config, category, markers)}", extra)
     return row, render_rng, [*markers, *distractors]
 
 
@@ -347,4 +363,4 @@ def served_markers(config: ZoomConfig, row: QARow, frame_indices: list[int]) -> 
         for m in (Marker(**m) for m in row.extra["zoom"]["markers"])
         if any(m.start_frame <= i < m.start_frame + config.marker_frames for i in frame_indices)
     ]
-    return _seen(config, shown, sorted(frame_indices))
+    return _reading(config, row.category, shown, sorted(frame_indices))

@@ -121,7 +121,10 @@ def test_the_reasoning_looks_markers_up_by_colour_then_orders_them_by_time(rows)
         }
         listed = ", ".join(entries.get(color, f"{color} none") for color in MARKER_COLORS)
         in_order = ", ".join(m["color"] for m in markers) or "none"
-        assert row.reasoning.endswith(f"Markers by colour: {listed}. In time order: {in_order}.")
+        options, answer = question_of(row.category, [Marker(**m) for m in markers])
+        word = {"Temporal": "First", "Goal and Purpose": "Last", "Spatial": "Size", "Plot": "Count"}
+        named = f"{word[row.category]}: {options[answer]}."
+        assert row.reasoning.endswith(f"Markers by colour: {listed}. In time order: {in_order}. {named}")
     # Every colour order occurs: the order is not a constant the model could learn from the text.
     orders = {tuple(m["color"] for m in sorted(markers_of(r), key=lambda m: m["start_frame"])) for r in rows}
     assert len([o for o in orders if len(o) == 2]) >= 10
