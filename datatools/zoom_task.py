@@ -43,11 +43,11 @@ as both frames of one patch: the tool's 32-frame budget holds the answer, the ov
 
 Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
 sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers by colour: red
-small at 00:35, green none, yellow none, white large at 00:41. In time order: red, white."), and
-``extra["tool_trace"]``: the first turn that asks for the stretch (the reasoning that locates it,
-then the request in the tool's syntax) and the last turn's reasoning about what the reply shows
-(the same listing, each marker at the time of the frame it is seen in). The ground truth stays
-in ``extra["zoom"]``.
+small at 00:35, green none, yellow none, white large at 00:41. In time order: red, white. First:
+red."), and ``extra["tool_trace"]``: the first turn that asks for the stretch (the reasoning that
+locates it, then the request in the tool's syntax) and the last turn's reasoning about what the
+reply shows (the same reading, each marker at the time of the frame it is seen in). The ground
+truth stays in ``extra["zoom"]``.
 
 Why the markers are looked up by colour: a trace that listed them in time order ("Markers: red
 small at 00:35, green large at 00:41.") taught sizes, times and counts but no colour in 2,400
@@ -55,7 +55,8 @@ steps: the colour words stayed at chance loss (ln 4), the language model's hidde
 the first one held neither the colour nor the size of the first marker, while after a colour word
 it read that marker's size and time. Attending to the marker a colour names is easy; naming the
 colour of "the earliest marker" is not. So the trace asks each colour in turn (the lookup it
-learns) and then puts the colours found in time order by their written times (text work).
+learns), puts the colours found in time order by their written times (text work), and names the
+value asked for, which the answer letter then copies.
 
 Generation is deterministic and order-free, as the scenes task's
 (:func:`datatools.synthetic.sample_rngs`): the same seed gives byte-identical rows and videos.
