@@ -278,9 +278,11 @@ def _reading(
     then a copy of the option just named, not a lookup across the listing (measured: with the
     listing alone the letter was the weak step, README)."""
     if category in ("Temporal", "Goal and Purpose") and not markers:
-        return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: none."
-    options, answer = question_of(category, markers)
-    return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: {options[answer]}."
+        value = "none"  # a partial view (served_markers) may show none of a colour question's markers
+    else:
+        options, answer = question_of(category, markers)
+        value = options[answer]
+    return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: {value}."
 
 
 def request_text(start_s: float, end_s: float, fps: float) -> str:
