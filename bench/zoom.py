@@ -18,7 +18,7 @@ in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start),
 baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--sft-steps 1200] [--grpo-steps 200]
+       [--family qwen3_vl] [--sft-steps 1200] [--grpo-steps 200]
 """
 
 from __future__ import annotations
@@ -139,6 +139,11 @@ def main() -> None:
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/zoom-bench")
+    parser.add_argument(
+        "--family",
+        default="qwen3_vl",
+        help="model family of the small model (qwen3_vl writes each frame's time as text; README)",
+    )
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--grpo-steps", type=int, default=200)
     args = parser.parse_args()
@@ -148,7 +153,13 @@ def main() -> None:
     model = out / "model-small"
     if not (model / "config.json").exists():
         corpus = f"{data}/train-00000.tar"
-        run_lvrl(out, ["model", "build", "--preset", "small", "--out", str(model), "--corpus", corpus])
+        build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model)]
+        run_lvrl(out, [*build, "--corpus", corpus])
+    built_family = json.loads((model / "config.json").read_text())["model_type"]
+    if built_family != args.family:
+        # Finished stages in this folder were trained from that model: mixing families would
+        # compare runs of two different models.
+        sys.exit(f"{model} is a {built_family} model, not {args.family}: pass another --out")
     accuracy: dict[str, list[float]] = {label: [] for label, _, _ in STAGES}
     answers: dict[str, list[dict[str, bool]]] = {label: [] for label, _, _ in STAGES}
     extra: dict[str, list[float]] = {"dense 16": [], "dense 64": [], "requests": [], "frames": []}

@@ -6,12 +6,16 @@
 # answers), and the dense model at 16, 64 and 256 frames; a paired comparison and a table of
 # accuracy against frames seen (runs/zoom/accuracy.md).
 #
-# DATA_DIR: the task's shards (built there if missing; default data/zoom). DEMO_ARGS: arguments
+# DATA_DIR: the task's shards (built there if missing; default data/zoom). FAMILY: the small
+# model's family (default qwen3_vl; qwen2_5_vl also runs). DEMO_ARGS: arguments
 # added to every fit and validate, e.g. a smoke run of the whole pipeline in minutes:
 #   DEMO_ARGS="--trainer.max_steps 2 --trainer.val_check_interval 2 --trainer.limit_val_batches 1"
 set -euo pipefail
 run_dir=${1:-runs/zoom}
 data_dir=${DATA_DIR:-data/zoom}
+# Qwen3-VL writes each temporal patch's time as text, which the small model reads; the small
+# Qwen2.5-VL model did not learn to read times from M-RoPE positions alone (README).
+family=${FAMILY:-qwen3_vl}
 lvrl=.venv/bin/lvrl
 export WANDB_MODE=${WANDB_MODE:-offline}
 start=$(date +%s)
@@ -23,7 +27,8 @@ if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data zoom --out "$data_dir"
 fi
 if [ ! -f "$run_dir/model-small/config.json" ]; then
-  "$lvrl" model build --preset small --out "$run_dir/model-small" --corpus "$data_dir"/train-00000.tar
+  "$lvrl" model build --family "$family" --preset small --out "$run_dir/model-small" \
+    --corpus "$data_dir"/train-00000.tar
 fi
 
 # train_and_evaluate NAME CONFIG START: fit CONFIG from the model START into $run_dir/NAME, then
