@@ -13,10 +13,12 @@ half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
 with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. SIGTERM is Lightning's
-(its handler sets ``trainer.received_sigterm`` and the loop raises ``SIGTERMException``); a
-Ctrl-C is recorded here and stops through the public ``trainer.should_stop``, after which
-Lightning runs the validation an early stop calls for (the checkpoint is written before it, so
-a second Ctrl-C during it loses nothing) and ``lvrl fit`` exits with status 143 as on SIGTERM.
+(its handler sets ``trainer.received_sigterm`` and the loop raises ``SIGTERMException``; the
+checkpoint is written at the end of the step, or, in a one-process run, when the exception is
+raised if the signal came after that); a Ctrl-C is recorded here and stops through the public
+``trainer.should_stop``, after which Lightning runs the validation an early stop calls for (the
+checkpoint is written before it, so a second Ctrl-C during it loses nothing) and ``lvrl fit``
+exits with status 143 as on SIGTERM.
 Training that stops with a :class:`~core.failures.SafeStop` (non-finite updates, a rollout
 engine that cannot be restarted) also leaves a ``last.ckpt``.
 """
@@ -35,6 +37,7 @@ from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from core.failures import SafeStop
 from core.rng import rng_states, set_rng_states
@@ -190,7 +193,16 @@ class RunCheckpoint(ModelCheckpoint):
         # Stopped between two steps (non-finite updates, a rollout engine that cannot be
         # restarted): the state is consistent, so keep it.
         stopped_safely = isinstance(exception, SafeStop) and trainer.state.fn == "fit"
-        if stopped_safely and self.save_last and trainer.global_step != self._last_global_step_saved:
+        # A SIGTERM that arrives after this callback's `on_train_batch_end` but before the loop
+        # looks at `received_sigterm` (logging, validation, the epoch's end) stops the run with
+        # that step finished and unsaved: save it now, as Lightning's own end-of-step saves do.
+        # One process only: several ranks need not all be stopping here, and a save gathers
+        # from every rank.
+        stopped_by_sigterm = (
+            isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and trainer.world_size == 1
+        )
+        unsaved = self.save_last and trainer.global_step != self._last_global_step_saved
+        if (stopped_safely or stopped_by_sigterm) and unsaved:
             rank_zero_info(f"saving the checkpoint of step {trainer.global_step} before stopping")
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 

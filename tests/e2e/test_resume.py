@@ -7,9 +7,9 @@ exactly, so every later step repeats the same float operations in the same order
 sampling included: same weights, prompts and seeds). Measured: 0 difference in all of the
 ~220 comparisons. A nonzero difference is a lost piece of state, not rounding.
 
-Only the runs that are killed are `lvrl fit` subprocesses (a signal or SIGKILL ends a process);
-the uninterrupted reference runs and the resumed runs go through the same CLI in this process
-(:func:`helpers.cli.run_lvrl`)."""
+Only the runs that are killed from outside are `lvrl fit` subprocesses (a signal or SIGKILL ends
+a process); the uninterrupted reference runs, the resumed runs and the run that sends itself a
+SIGTERM at a fixed point go through the same CLI in this process (:func:`helpers.cli.lvrl`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 from helpers.biased_models import save_biased_model
-from helpers.cli import PROBES_ENV, REPO_ROOT, run_lvrl
+from helpers.cli import PROBES_ENV, REPO_ROOT, lvrl, run_lvrl
 from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config, tool_grpo_config
 from helpers.runs import steps_of, weights_of
 from helpers.tolerances import assert_identical
@@ -125,6 +125,28 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
     else:
         assert saved["global_step"] == after_step // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
+    assert_same_run(run_dir, uninterrupted)
+
+
+def test_a_sigterm_after_the_steps_checkpoint_hook_saves_that_step_and_resumes_exactly(
+    uninterrupted, tmp_path, synth_dir, tiny_model_dir
+):
+    # In this process: the probe logger sends the SIGTERM at a fixed point of step 3 (no
+    # periodic checkpoint is due), after the checkpoint callback's end-of-step hook.
+    run_dir = tmp_path / "termed"
+    config_path = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    config = yaml.safe_load(config_path.read_text())
+    config["trainer"]["logger"].append(
+        {"class_path": "helpers.resume_probe.SigtermWhileLogging", "init_args": {"at_step": 3}}
+    )
+    config_path.write_text(yaml.safe_dump(config))
+    stopped = lvrl("fit", "--config", str(config_path))
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3
+    config["trainer"]["logger"].pop()
+    config_path.write_text(yaml.safe_dump(config))
+    run_lvrl("fit", "--config", str(config_path), "--ckpt_path", "last")
     assert_same_run(run_dir, uninterrupted)
 
 

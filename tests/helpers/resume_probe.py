@@ -15,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import Logger
 
 from rewards.registry import register
 
@@ -145,3 +147,29 @@ class Ballast(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         checkpoint["ballast"] = torch.ones(self.megabytes * 2**18)  # float32: 4 bytes each
+
+
+class SigtermWhileLogging(Logger):
+    """A logger that sends this process a SIGTERM while the metrics of step ``at_step`` are logged:
+    after every callback's ``on_train_batch_end`` (the checkpoint callback's included) and before
+    the loop looks for a signal, the gap in which a pre-emption finds the step done but unsaved."""
+
+    def __init__(self, at_step: int) -> None:
+        super().__init__()
+        self.at_step = at_step
+
+    @property
+    def name(self) -> str:
+        return "sigterm"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        # During training step N Lightning logs with step = the N - 1 batches stepped before it.
+        if step is not None and step + 1 == self.at_step and "train/loss" in metrics:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -9,10 +9,12 @@ import os
 import signal
 
 import lightning as L
+import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.checkpoint import AtomicCheckpointIO, RunCheckpoint, with_atomic_checkpoint_io
@@ -61,6 +63,42 @@ def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> No
     assert saved["global_step"] == 3
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C is the caller's again
+
+
+class TermedAfterTheCheckpointHook(TinyModule):
+    """Sends this process a SIGTERM from its own ``on_train_batch_end`` at step ``step``: Lightning
+    calls a module's hook after every callback's, so the checkpoint callback has already looked
+    for a signal and found none (as when a pre-emption lands while the step's metrics are logged)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_after_the_checkpoint_hook_still_saves_that_step(tmp_path) -> None:
+    trainer = Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=20,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[RunCheckpoint(every_n_train_steps=5)],
+        plugins=with_atomic_checkpoint_io(None),
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SIGTERMException):
+        data = DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2)
+        trainer.fit(TermedAfterTheCheckpointHook(3), data)
+    assert trainer.global_step == 3  # no further step was taken
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 3  # not left without a checkpoint (none was due before step 5)
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 class OwnWriter(TorchCheckpointIO):
