@@ -18,7 +18,7 @@ in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start),
 baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--family qwen3_vl] [--sft-steps 1200] [--grpo-steps 200]
+       [--family qwen3_vl] [--sft-steps 600] [--grpo-steps 200]
 """
 
 from __future__ import annotations
@@ -144,7 +144,12 @@ def main() -> None:
         default="qwen3_vl",
         help="model family of the small model (qwen3_vl writes each frame's time as text; README)",
     )
-    parser.add_argument("--sft-steps", type=int, default=1200)
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=600,
+        help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: README)",
+    )
     parser.add_argument("--grpo-steps", type=int, default=200)
     args = parser.parse_args()
     out, data = Path(args.out), args.data
