@@ -43,9 +43,9 @@ class CtrlCAfter(Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> None:
-    checkpoint = RunCheckpoint()
-    trainer = Trainer(
+def quiet_trainer(tmp_path, callbacks: list[Callback]) -> Trainer:
+    """20 steps on the CPU with the atomic writer; no logger, progress bar or validation."""
+    return Trainer(
         default_root_dir=tmp_path,
         accelerator="cpu",
         max_steps=20,
@@ -53,9 +53,14 @@ def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> No
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[CtrlCAfter(3), checkpoint],
+        callbacks=callbacks,
         plugins=with_atomic_checkpoint_io(None),
     )
+
+
+def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> None:
+    checkpoint = RunCheckpoint()
+    trainer = quiet_trainer(tmp_path, [CtrlCAfter(3), checkpoint])
     before = signal.getsignal(signal.SIGINT)
     trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
     assert checkpoint.interrupted and trainer.global_step == 3  # no further step was taken
@@ -80,17 +85,7 @@ class TermedAfterTheCheckpointHook(TinyModule):
 
 
 def test_a_sigterm_after_the_checkpoint_hook_still_saves_that_step(tmp_path) -> None:
-    trainer = Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_steps=20,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[RunCheckpoint(every_n_train_steps=5)],
-        plugins=with_atomic_checkpoint_io(None),
-    )
+    trainer = quiet_trainer(tmp_path, [RunCheckpoint(every_n_train_steps=5)])
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SIGTERMException):
         data = DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2)
