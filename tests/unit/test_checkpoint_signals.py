@@ -1,4 +1,5 @@
-"""RunCheckpoint's Ctrl-C stop and the atomic checkpoint writer as a trainer plugin, in-process.
+"""RunCheckpoint's Ctrl-C stop, its save at a SIGTERM that comes after its end-of-step hook, and the
+atomic checkpoint writer as a trainer plugin, in-process.
 
 (`tests/e2e/test_resume.py` covers SIGTERM and SIGKILL through the CLI, with exact resumption.)
 """
