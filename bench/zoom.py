@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -156,15 +157,13 @@ def main() -> None:
     if not (Path(data) / "dataset.json").exists():
         run_lvrl(out, ["data", "zoom", "--out", data], log_name="data.log")
     model = out / "model-small"
-    if not (model / "config.json").exists():
-        corpus = f"{data}/train-00000.tar"
-        build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model)]
-        run_lvrl(out, [*build, "--corpus", corpus])
-    built_family = json.loads((model / "config.json").read_text())["model_type"]
-    if built_family != args.family:
-        # Finished stages in this folder were trained from that model: mixing families would
-        # compare runs of two different models.
-        sys.exit(f"{model} is a {built_family} model, not {args.family}: pass another --out")
+    # --reuse keeps the model the folder's finished stages were trained from and refuses one of
+    # another family: mixing them would compare runs of two different models.
+    build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model), "--reuse"]
+    try:
+        run_lvrl(out, [*build, "--corpus", f"{data}/train-00000.tar"], log_name="model-build.log")
+    except subprocess.CalledProcessError:
+        sys.exit((out / "model-build.log").read_text().strip().splitlines()[-1])
     accuracy: dict[str, list[float]] = {label: [] for label, _, _ in STAGES}
     answers: dict[str, list[dict[str, bool]]] = {label: [] for label, _, _ in STAGES}
     extra: dict[str, list[float]] = {"dense 16": [], "dense 64": [], "requests": [], "frames": []}

@@ -26,17 +26,9 @@ read -ra extra <<<"${DEMO_ARGS:-}"
 if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data zoom --out "$data_dir"
 fi
-if [ ! -f "$run_dir/model-small/config.json" ]; then
-  "$lvrl" model build --family "$family" --preset small --out "$run_dir/model-small" \
-    --corpus "$data_dir"/train-00000.tar
-fi
-# The stages in $run_dir were (or will be) trained from this model: another family's would mix them.
-built=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["model_type"])' \
-  "$run_dir/model-small/config.json")
-if [ "$built" != "$family" ]; then
-  echo "demo-zoom: $run_dir/model-small is a $built model, not $family: pass FAMILY=$built or another run folder" >&2
-  exit 2
-fi
+# --reuse keeps the model the stages in $run_dir were trained from and refuses another family's.
+"$lvrl" model build --family "$family" --preset small --out "$run_dir/model-small" --reuse \
+  --corpus "$data_dir"/train-00000.tar
 
 # train_and_evaluate NAME CONFIG START: fit CONFIG from the model START into $run_dir/NAME, then
 # answer the held-out questions with its export into $run_dir/NAME-eval.

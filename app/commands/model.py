@@ -9,6 +9,7 @@ in vLLM.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -62,10 +63,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="extra tokenizer training texts: .txt, .jsonl rows or WebDataset .tar shards "
         "(the problem/options/reasoning fields of their .json rows)",
     )
-    build.add_argument(
+    existing = build.add_mutually_exclusive_group()
+    existing.add_argument(
         "--force",
         action="store_true",
         help="write into a non-empty --out (files of the same names and old weight files are replaced)",
+    )
+    existing.add_argument(
+        "--reuse",
+        action="store_true",
+        help="if --out already holds a model of this --family and --preset, keep it and build nothing; "
+        "refuse one of another family or size (for scripts that re-run: the runs trained from that "
+        "model would otherwise be compared with runs of another)",
     )
     build.set_defaults(run=run_build)
 
@@ -103,6 +112,32 @@ def run_export(args: argparse.Namespace) -> None:
     print(f"exported {args.ckpt} to {out}")
 
 
+def _check_reusable(out: Path, family: str, preset: str) -> None:
+    """Refuse ``out``'s model unless it is of ``family`` with ``preset``'s sizes."""
+    from models.build import PRESETS
+
+    try:
+        config = json.loads((out / "config.json").read_text())
+        built_family = config["model_type"]
+        text = config.get("text_config", config)  # transformers 5 nests it; older files do not
+        sizes = (text["hidden_size"], text["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(
+            f"lvrl model build: error: --reuse: {out}/config.json is not a model config ({error!r})"
+        ) from None
+    if built_family != family:
+        raise SystemExit(
+            f"lvrl model build: error: --reuse: {out} holds a {built_family} model, not {family}: "
+            f"pass --family {built_family} or another --out"
+        )
+    wanted = (PRESETS[preset].hidden_size, PRESETS[preset].num_layers)
+    if sizes != wanted:
+        raise SystemExit(
+            f"lvrl model build: error: --reuse: {out}'s model has hidden size {sizes[0]} and {sizes[1]} "
+            f"layers, not preset {preset}'s {wanted[0]} and {wanted[1]}: pass another --out"
+        )
+
+
 def run_build(args: argparse.Namespace) -> None:
     """Handler of ``lvrl model build``."""
     from models.build import build_model, count_parameters, save_model_dir
@@ -110,6 +145,10 @@ def run_build(args: argparse.Namespace) -> None:
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise SystemExit(f"lvrl model build: error: --out {out} is a file, not a directory")
+    if args.reuse and (out / "config.json").is_file():
+        _check_reusable(out, args.family, args.preset)
+        print(f"kept the {args.preset} {args.family} model in {out} (--reuse)")
+        return
     for corpus in args.corpus:
         if not corpus.is_file():
             raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")

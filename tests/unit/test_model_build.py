@@ -237,3 +237,24 @@ def test_cli_builds_and_refuses_to_overwrite(tmp_path: Path, capsys: pytest.Capt
         _run_cli("build", "--preset", "tiny", "--out", str(out), "--seed", "1")
     _run_cli("build", "--preset", "tiny", "--out", str(out), "--seed", "1", "--force")
     assert load_model(out).config.text_config.hidden_size == PRESETS["tiny"].hidden_size
+
+
+def test_cli_reuse_keeps_a_matching_model_and_refuses_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "m"
+    _run_cli("build", "--family", "qwen3_vl", "--preset", "tiny", "--out", str(out), "--reuse")
+    assert "built tiny qwen3_vl" in capsys.readouterr().out
+    weights = {p.name: p.stat().st_mtime_ns for p in out.glob("*.safetensors")}
+    _run_cli("build", "--family", "qwen3_vl", "--preset", "tiny", "--out", str(out), "--reuse", "--seed", "1")
+    assert "kept the tiny qwen3_vl model" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.safetensors")} == weights  # not rebuilt
+    with pytest.raises(SystemExit, match="holds a qwen3_vl model, not qwen2_5_vl: pass --family qwen3_vl"):
+        _run_cli("build", "--family", "qwen2_5_vl", "--preset", "tiny", "--out", str(out), "--reuse")
+    with pytest.raises(SystemExit, match="hidden size 128 and 2 layers, not preset small's 256 and 4"):
+        _run_cli("build", "--family", "qwen3_vl", "--preset", "small", "--out", str(out), "--reuse")
+    (out / "config.json").write_bytes(b"\xff{not json")
+    with pytest.raises(SystemExit, match="is not a model config"):
+        _run_cli("build", "--family", "qwen3_vl", "--preset", "tiny", "--out", str(out), "--reuse")
+    with pytest.raises(SystemExit):  # argparse: --reuse and --force exclude each other
+        _run_cli("build", "--preset", "tiny", "--out", str(out), "--reuse", "--force")
