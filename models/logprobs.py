@@ -33,7 +33,8 @@ def completion_logprobs(
     (None for a prompt without video). Gradients flow into the language model; into the
     embeddings only if they require grad.
     If ``entropy`` (a tensor shaped like the result) is given, it is filled, without
-    gradient, with the entropy of the model's next-token distribution at each completion token.
+    gradient, with the entropy of the model's next-token distribution at each scored completion
+    token (0 elsewhere).
 
     With ``share_prompts``, rows of the same prompt (the G completions of one GRPO prompt) run
     that prompt once: its
@@ -43,40 +44,52 @@ def completion_logprobs(
 
     ``segment_embeds`` (tool-use episodes, :func:`core.episode.episode_scoring_batch`): per row,
     the encodings of the video segments the tool put into its completion, in order; the tokens
-    the tool wrote get log-prob 0 (``completion_mask`` leaves them out).
+    the tool wrote get log-prob 0 (``completion_mask`` leaves them out), and no logits are
+    computed for them.
     """
     device = next(model.parameters()).device
     family = family_of(model.config)
     embeddings = input_embeddings(model, batch, video_embeds, device, segment_embeds)
+    scored = scored_tokens(batch)
+    if entropy is not None:
+        entropy.zero_()
+    out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
+    if not any(len(tokens) for tokens in scored):
+        return out
     groups = first_row_of_prompt(batch) if share_prompts else []
     if len(set(groups)) < len(groups):
-        first_logits, completion_logits = _shared_prompt_logits(
-            model, family, batch, embeddings, video_embeds, segment_embeds, groups, device
+        row_logits = _shared_prompt_logits(
+            model, family, batch, embeddings, video_embeds, segment_embeds, groups, scored, device
         )
     else:
         rows = range(len(batch.prompt_of_row))
         encodings = [e for row in rows for e in batch.encodings_of(row, video_embeds, segment_embeds)]
         visual = _visual(family, batch.video_mask, encodings)
-        first_logits, completion_logits = _full_sequence_logits(
-            model, family, batch, embeddings, visual, device
-        )
-    out = torch.zeros(batch.completion_mask.shape, device=device, dtype=torch.float32)
-    for i, n in enumerate(batch.completion_lengths()):
-        if n == 0:
+        row_logits = _full_sequence_logits(model, family, batch, embeddings, visual, scored, device)
+    for i, tokens in enumerate(scored):
+        if len(tokens) == 0:
             continue
-        step_logits = torch.cat([first_logits[i : i + 1], completion_logits[i, : n - 1]]).float()
-        targets = batch.completion_ids[i, :n].to(device)
-        log_probs = torch.log_softmax(step_logits, dim=-1)
-        out[i, :n] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        log_probs = torch.log_softmax(row_logits[i].float(), dim=-1)
+        targets = batch.completion_ids[i, tokens].to(device)
+        columns = tokens.to(device)
+        out[i, columns] = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if entropy is not None:
             with torch.no_grad():
-                entropy[i, :n] = -(log_probs.exp() * log_probs).sum(-1)
-    # Tokens a tool wrote into an episode are read, not sampled: no log-prob (exact no-op on
-    # single-turn rows, whose mask is 1 at every completion token).
-    mask = batch.completion_mask.to(device)
-    if entropy is not None:
-        entropy.mul_(mask)
-    return out * mask
+                entropy[i, columns] = -(log_probs.exp() * log_probs).sum(-1)
+    return out
+
+
+def scored_tokens(batch: ScoringBatch) -> list[torch.Tensor]:
+    """Per row, the completion indices that get a log-prob: the sampled tokens
+    (``completion_mask``). A tool-use episode's replies are read, not sampled; their tokens (a
+    served segment's video tokens: thousands at real frame sizes) get no logits at all.
+
+    >>> from types import SimpleNamespace
+    >>> mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0, 0.0]])
+    >>> scored_tokens(SimpleNamespace(completion_mask=mask))
+    [tensor([0, 1, 4]), tensor([0, 1, 2])]
+    """
+    return [torch.nonzero(row > 0).squeeze(1) for row in batch.completion_mask]
 
 
 def first_row_of_prompt(batch: ScoringBatch) -> list[int]:
@@ -134,14 +147,16 @@ def _full_sequence_logits(
     batch: ScoringBatch,
     embeddings: torch.Tensor,
     visual: VisualFeatures | None,
+    scored: Sequence[torch.Tensor],
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row forwarded whole: ``(rows, vocab)`` logits predicting each row's first completion
-    token and ``(rows, max_completion_len, vocab)`` logits predicting the ones after it."""
-    # Position t predicts token t + 1, so the completion starting at `start` is predicted from
-    # start - 1 on; logits before the shortest prompt's end are never needed (and, for a long
-    # video prompt with a large vocabulary, would be the biggest tensor of the pass).
-    keep_from = min(batch.prompt_lengths) - 1
+) -> list[torch.Tensor]:
+    """Every row forwarded whole: per row, the ``(len(scored[i]), vocab)`` logits predicting its
+    scored completion tokens."""
+    # Position t predicts token t + 1, so completion token j of a row whose prompt has p tokens
+    # is predicted at p - 1 + j. Logits are computed only at the positions some row needs: the
+    # rest (a long video prompt, a tool's served frames) would be the largest tensors of the pass.
+    wanted = [p - 1 + tokens for p, tokens in zip(batch.prompt_lengths, scored, strict=True)]
+    keep = torch.unique(torch.cat(wanted))  # sorted
     logits = family.forward(
         model,
         visual=visual,
@@ -149,13 +164,9 @@ def _full_sequence_logits(
         attention_mask=batch.attention_mask.to(device),
         position_ids=batch.position_ids.to(device),
         use_cache=False,
-        logits_to_keep=embeddings.shape[1] - keep_from,
+        logits_to_keep=keep.to(device),
     ).logits
-    width = batch.completion_mask.shape[1]
-    starts = [p - 1 - keep_from for p in batch.prompt_lengths]
-    first = torch.stack([logits[i, s] for i, s in enumerate(starts)])
-    rest = torch.stack([_pad_columns(logits[i, s + 1 : s + width], width) for i, s in enumerate(starts)])
-    return first, rest
+    return [logits[i].index_select(0, torch.searchsorted(keep, w).to(device)) for i, w in enumerate(wanted)]
 
 
 def _shared_prompt_logits(
@@ -166,8 +177,9 @@ def _shared_prompt_logits(
     video_embeds: Sequence[torch.Tensor | None],
     segment_embeds: Sequence[Sequence[torch.Tensor]] | None,
     groups: list[int],
+    scored: Sequence[torch.Tensor],
     device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> list[torch.Tensor]:
     """Like :func:`_full_sequence_logits`, with each distinct prompt forwarded once.
 
     Pass 1 runs the distinct prompts (right-padded) and keeps their keys and values; pass 2
@@ -217,7 +229,11 @@ def _shared_prompt_logits(
         for row in range(len(starts))
         for encoding in batch.encodings_of(row, video_embeds, segment_embeds, prompt=False)
     ]
-    completion_pass = family.forward(
+    # Completion column c predicts token c + 1 (token 0 is predicted by the prompt's last
+    # position): logits only at the columns some row's scored tokens need.
+    wanted = [tokens[tokens > 0] - 1 for tokens in scored]
+    keep = torch.unique(torch.cat(wanted))
+    completion_logits = family.forward(
         model,
         visual=_visual(family, completion_slots, segments),
         inputs_embeds=completion_embeds,
@@ -225,8 +241,14 @@ def _shared_prompt_logits(
         position_ids=positions.to(device),
         past_key_values=cache,
         use_cache=True,
-    )
-    return last.index_select(0, slot), completion_pass.logits
+        logits_to_keep=keep.to(device),
+    ).logits
+    first = last.index_select(0, slot)
+    out = []
+    for i, (tokens, w) in enumerate(zip(scored, wanted, strict=True)):
+        rest = completion_logits[i].index_select(0, torch.searchsorted(keep, w).to(device))
+        out.append(torch.cat([first[i : i + 1], rest]) if len(tokens) and tokens[0] == 0 else rest)
+    return out
 
 
 def _select_prompt_rows(cache: Any, slot: torch.Tensor) -> None:

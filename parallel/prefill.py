@@ -108,10 +108,13 @@ def sequence_parallel_completion_logprobs(
         local_embeddings = scoring.embeddings[:, int(mine[0]) : int(mine[0]) + width]
     else:
         local_embeddings = scoring.embeddings.index_select(1, mine.to(device))
-    # Logits only where a completion token is predicted (from the first such position on): for
-    # a long video, the prompt positions' full-vocabulary logits would be the largest tensor of
+    # Logits only where some row's sampled completion token is predicted: a long video
+    # prompt's or a tool's served frames' full-vocabulary logits would be the largest tensors of
     # the pass. A rank holding only prompt positions keeps none.
-    keep = torch.nonzero(mine >= min(first for _, first, _ in scoring.spans)).squeeze(1)
+    scored = torch.zeros(length, dtype=torch.bool)
+    for i, (_, first, n) in enumerate(scoring.spans):
+        scored[first + torch.nonzero(batch.completion_mask[i, :n] > 0).squeeze(1)] = True
+    keep = torch.nonzero(scored[mine]).squeeze(1)
     segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
     extra = None
     if video_embeds is not None:

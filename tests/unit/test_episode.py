@@ -133,6 +133,36 @@ def test_episode_rows_score_as_the_models_own_forward_from_pixels(real_episodes:
     assert (swapped - expected)[last_turn].abs().max() > 1e-3
 
 
+def test_no_logits_are_computed_for_the_tokens_a_tool_wrote(real_episodes: dict) -> None:
+    """The LM head runs only at positions that predict a sampled token: a served segment's
+    video tokens (thousands at real frame sizes) would otherwise be the pass's largest logits."""
+    model, family, episodes = real_episodes["model"], real_episodes["family"], real_episodes["episodes"]
+    scoring = episode_scoring_batch(episodes, [0, 0], family.position_rule, pad_token_id=real_episodes["pad"])
+    segments = [[e.segments[0].embeds] for e in episodes]
+    mask = scoring.completion_mask.bool()
+    # Each row's sampled tokens, as positions of the whole row (what predicts them: one before).
+    predicting = [
+        {start - 1 + int(j) for j in torch.nonzero(mask[row]).squeeze(1)}
+        for row, start in enumerate(scoring.prompt_lengths)
+    ]
+    widths: list[int] = []
+    hook = model.lm_head.register_forward_hook(lambda _m, args, _out: widths.append(args[0].shape[-2]))
+    try:
+        for share in (False, True):
+            widths.clear()
+            completion_logprobs(
+                model, scoring, [real_episodes["prompt_video"]], share_prompts=share, segment_embeds=segments
+            )
+            if share:  # the prompt pass's last position predicts each row's first token
+                assert widths[0] == 1 and widths[1] == len(set().union(*predicting)) - 1, widths
+            else:
+                assert widths == [len(set().union(*predicting))]
+    finally:
+        hook.remove()
+    # Not the whole completion width: at least a reply's 8 video tokens were skipped.
+    assert len(set().union(*predicting)) <= mask.shape[1] - 8
+
+
 def test_a_trainable_vision_tower_learns_from_the_segments_as_from_pixels(real_episodes: dict) -> None:
     """With a trainable tower the policy pass encodes each segment again, with grad
     (:func:`models.vision.encode_row_segments`): the tower's gradients equal those of the
