@@ -171,7 +171,10 @@ class ModelFamily:
         tower = inner.visual
         parameter = next(tower.parameters())
         pixels = pixel_values_videos.to(device=parameter.device, dtype=parameter.dtype)
-        output = inner.get_video_features(pixels, video_grid_thw, return_dict=True)
+        # The grid too: a tool reply's comes from the processor on the CPU, and Qwen3-VL's tower
+        # indexes its position table with tensors made on the grid's device.
+        grid = video_grid_thw.to(parameter.device)
+        output = inner.get_video_features(pixels, grid, return_dict=True)
         return list(output.pooler_output)
 
     # -- the language model ---------------------------------------------------------------------

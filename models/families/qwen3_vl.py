@@ -79,7 +79,10 @@ class Qwen3_VL(ModelFamily):
         inner = getattr(model, "model", model)
         parameter = next(inner.visual.parameters())
         pixels = pixel_values_videos.to(device=parameter.device, dtype=parameter.dtype)
-        output = inner.get_video_features(pixels, video_grid_thw, return_dict=True)
+        # The grid too: a tool reply's comes from the processor on the CPU, and Qwen3-VL's tower
+        # indexes its position table with tensors made on the grid's device.
+        grid = video_grid_thw.to(parameter.device)
+        output = inner.get_video_features(pixels, grid, return_dict=True)
         # deepstack_features: one tuple per level, each with one tensor per video.
         levels = output.deepstack_features
         return [
