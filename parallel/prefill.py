@@ -111,10 +111,7 @@ def sequence_parallel_completion_logprobs(
     # Logits only where some row's sampled completion token is predicted: a long video
     # prompt's or a tool's served frames' full-vocabulary logits would be the largest tensors of
     # the pass. A rank holding only prompt positions keeps none.
-    scored = torch.zeros(length, dtype=torch.bool)
-    for i, (_, first, n) in enumerate(scoring.spans):
-        scored[first + torch.nonzero(batch.completion_mask[i, :n] > 0).squeeze(1)] = True
-    keep = torch.nonzero(scored[mine]).squeeze(1)
+    keep = torch.nonzero(scored_positions(scoring, batch.completion_mask)[mine]).squeeze(1)
     segments = {} if scoring.segments is None else {"sequence_segments": scoring.segments.to(device)}
     extra = None
     if video_embeds is not None:
@@ -157,6 +154,22 @@ def sequence_parallel_completion_logprobs(
     if entropy is not None:
         entropy.mul_(mask)
     return out * mask
+
+
+def scored_positions(scoring: ScoringRows, completion_mask: torch.Tensor) -> torch.Tensor:
+    """``(length,)`` True at the positions of ``scoring``'s rows where some row predicts a sampled
+    completion token (``completion_mask``, per batch row): where logits are needed.
+
+    >>> from types import SimpleNamespace
+    >>> rows = SimpleNamespace(targets=torch.zeros(2, 8), spans=[(0, 2, 4), (1, 3, 3)])
+    >>> mask = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+    >>> scored_positions(rows, mask).nonzero().squeeze(1).tolist()
+    [2, 3, 4, 5]
+    """
+    scored = torch.zeros(scoring.targets.shape[1], dtype=torch.bool)
+    for i, (_, first, n) in enumerate(scoring.spans):
+        scored[first + torch.nonzero(completion_mask[i, :n] > 0).squeeze(1)] = True
+    return scored
 
 
 def _encodings_in_order(
