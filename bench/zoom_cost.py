@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.episode import Episode
 from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from core.layout import PromptLayout, ScoringBatch
-from datamodules.prompts import chat_messages
+from datamodules.prompts import encode_video_prompt
 from datamodules.rows import QARow
 from models.build import PRESETS, build_model, count_parameters
 from models.families import ModelFamily, family_of
@@ -397,11 +397,8 @@ class VideoPrompt:
 def video_prompt(
     processor: Any, family: ModelFamily, video: SyntheticVideo, indices: list[int], tool_use: bool
 ) -> VideoPrompt:
-    """The prompt of ``indices``' frames and :data:`QUESTION`, laid out as
-    ``VideoQACollator.encode_prompt`` does (that module is not imported: it pulls in webdataset)."""
-    text = processor.apply_chat_template(
-        chat_messages(QUESTION, tool_use), tokenize=False, add_generation_prompt=True
-    )
+    """The prompt of ``indices``' frames and :data:`QUESTION`, encoded and laid out as the
+    collator does (:func:`datamodules.prompts.encode_video_prompt`)."""
     metadata = {
         "fps": video.fps,
         "total_num_frames": video.frames,
@@ -410,17 +407,16 @@ def video_prompt(
         "height": video.height,
         "width": video.width,
     }
-    encoded = dict(
-        processor(text=[text], videos=[video.read(indices)], video_metadata=[metadata], return_tensors="pt")
+    encoded = encode_video_prompt(
+        processor, QUESTION, video.read(indices), metadata, tool_use=tool_use, family=family
     )
-    encoded["second_per_grid_ts"] = family.second_per_grid(encoded, [metadata])
     layout = PromptLayout.from_processor_output(
         encoded,
         0,
         processor.tokenizer.convert_tokens_to_ids(family.video_token),
         family.position_rule,
-        family.engine_template_ids(processor.tokenizer, text),
-        family.patch_timestamps(metadata),
+        encoded["template_ids"],
+        encoded["timestamps"],
     )
     return VideoPrompt(layout, encoded["pixel_values_videos"], encoded["video_grid_thw"])
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from core.layout import PromptLayout
-from datamodules.prompts import assistant_target, chat_messages
+from datamodules.prompts import assistant_target, chat_messages, encode_video_prompt
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
 from datamodules.tool_traces import ToolTraces, stored_video, trace_target
@@ -122,26 +122,14 @@ class VideoQACollator:
     def encode_prompt(self, sample: VideoQASample) -> dict[str, Any]:
         """The processor's output for one sample, with ``second_per_grid_ts`` and (for a family
         that needs it) ``template_ids``: the prompt before the video was expanded."""
-        prompt = self.processor.apply_chat_template(
-            chat_messages(sample.row, self.tool_traces is not None),
-            tokenize=False,
-            add_generation_prompt=True,
+        return encode_video_prompt(
+            self.processor,
+            sample.row,
+            sample.video.frames,
+            video_metadata(sample),
+            tool_use=self.tool_traces is not None,
+            family=self.family,
         )
-        metadata = [video_metadata(sample)]
-        encoded = dict(
-            self.processor(
-                text=[prompt], videos=[sample.video.frames], video_metadata=metadata, return_tensors="pt"
-            )
-        )
-        if self.family is not None:
-            encoded["second_per_grid_ts"] = self.family.second_per_grid(encoded, metadata)
-            encoded["template_ids"] = self.family.engine_template_ids(self.tokenizer, prompt)
-            encoded["timestamps"] = self.family.patch_timestamps(metadata[0])
-        elif "second_per_grid_ts" not in encoded:
-            raise ValueError(
-                "this processor returns no second_per_grid_ts: give the collator the model's family"
-            )
-        return encoded
 
     def encode_target(self, sample: VideoQASample) -> torch.Tensor:
         text = assistant_target(sample.row) + self.end_of_turn

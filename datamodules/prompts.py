@@ -8,9 +8,12 @@ it was trained.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datamodules.rows import OPTION_LETTERS, QARow
+
+if TYPE_CHECKING:
+    from models.families import ModelFamily
 
 THINK_INSTRUCTION = (
     "Please first think deeply about the question based on the given video, and then provide the final "
@@ -71,3 +74,29 @@ def assistant_target(row: QARow) -> str:
     '<think>Red comes first.</think>\\n<answer>A</answer>'
     """
     return f"<think>{row.reasoning.strip()}</think>\n<answer>{row.answer}</answer>"
+
+
+def encode_video_prompt(
+    processor: Any,
+    row: QARow,
+    frames: Any,
+    metadata: dict[str, Any],
+    *,
+    tool_use: bool,
+    family: ModelFamily | None,
+) -> dict[str, Any]:
+    """The processor's output for ``row``'s prompt over ``frames`` (what the collator encodes;
+    ``metadata``: the frames' times, as :func:`datamodules.collate.video_metadata` gives them),
+    with ``second_per_grid_ts`` and, given the model's ``family``, ``template_ids`` (the prompt
+    before the video was expanded) and ``timestamps`` (each temporal patch's)."""
+    prompt = processor.apply_chat_template(
+        chat_messages(row, tool_use), tokenize=False, add_generation_prompt=True
+    )
+    encoded = dict(processor(text=[prompt], videos=[frames], video_metadata=[metadata], return_tensors="pt"))
+    if family is not None:
+        encoded["second_per_grid_ts"] = family.second_per_grid(encoded, [metadata])
+        encoded["template_ids"] = family.engine_template_ids(processor.tokenizer, prompt)
+        encoded["timestamps"] = family.patch_timestamps(metadata)
+    elif "second_per_grid_ts" not in encoded:
+        raise ValueError("this processor returns no second_per_grid_ts: give the collator the model's family")
+    return encoded
