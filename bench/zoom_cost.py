@@ -78,7 +78,7 @@ from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from core.layout import PromptLayout, ScoringBatch
 from datamodules.prompts import encode_video_prompt
 from datamodules.rows import QARow
-from models.build import PRESETS, build_model, count_parameters
+from models.build import PRESETS, build_model, count_parameters, default_dtype
 from models.families import ModelFamily, family_of
 from models.logprobs import completion_logprobs
 from models.presets import family_recipe
@@ -289,16 +289,6 @@ def build_published(name: str, device: torch.device, dtype: torch.dtype, seed: i
     with torch.device(device), default_dtype(dtype):
         model = getattr(transformers, recipe.model_class)(config)
     return model, make_processor(tokenizer)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
 
 
 def language_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

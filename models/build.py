@@ -219,7 +219,7 @@ def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed:
     model_class = getattr(transformers, FAMILIES[config.model_type].model_class)
     # Construct on the meta device would skip allocation, but init_weights overwrites every
     # tensor anyway and these models are small: build on CPU and keep the code obvious.
-    with _default_dtype(torch.float32):
+    with default_dtype(torch.float32):
         model = model_class(config)
     init_weights(model, init_std, seed)
     model.generation_config = GenerationConfig(
@@ -233,7 +233,8 @@ def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed:
 
 
 @contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Tensors made inside (a model's parameters) default to ``dtype``; the previous default after."""
     import torch
 
     previous = torch.get_default_dtype()
