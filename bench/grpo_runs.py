@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import itertools
 import os
 import statistics
 import subprocess
@@ -47,12 +48,25 @@ def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", append: bool = False) -> None:
-    """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``."""
+    """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``.
+
+    A failed or stopped command ends the bench with a short message (the command, its exit status, the
+    log's last line and where the log is) rather than a traceback of this process: a stage
+    stopped with SIGTERM is the normal way to pause a bench, and the next start continues it."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / log_name).open("a" if append else "w") as log:
+    log_path = run_dir / log_name
+    with log_path.open("a" if append else "w") as log:
         command = [sys.executable, "-m", "app", *arguments]
-        subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+        status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if status != 0:
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        subcommand = " ".join(itertools.takewhile(lambda word: not word.startswith("-"), arguments[:2]))
+        sys.exit(
+            f"lvrl {subcommand} stopped (exit status {status}): {lines[-1] if lines else '(no output)'}\n"
+            f"its output: {log_path}. If it was stopped, the same command continues (finished stages are "
+            "skipped, a stopped training stage resumes from its last checkpoint)"
+        )
 
 
 def fit_or_resume(run_dir: Path) -> None:
