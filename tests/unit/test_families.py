@@ -90,3 +90,38 @@ def test_seconds_per_patch_from_metadata_match_qwen2_5s_processor(tiny_model_dir
         assert family.second_per_grid({}, [metadata]) == pytest.approx(
             [float(t) for t in encoded["second_per_grid_ts"]], rel=1e-6
         )
+
+
+class _TowerOnAnotherDevice(torch.nn.Module):
+    """A model whose vision tower lives on the ``meta`` device (standing in for an accelerator, which
+    a CPU run lacks) and whose ``get_video_features`` records the devices it is handed."""
+
+    def __init__(self, width: int, levels: int) -> None:
+        super().__init__()
+        self.visual = torch.nn.Linear(2, 2, device="meta")
+        self.width, self.levels = width, levels
+        self.seen: list[tuple[torch.device, torch.device]] = []
+
+    def get_video_features(self, pixels: torch.Tensor, grid: torch.Tensor, return_dict: bool) -> object:
+        from types import SimpleNamespace
+
+        self.seen.append((pixels.device, grid.device))
+        merged = [torch.zeros(3, self.width)]
+        return SimpleNamespace(pooler_output=merged, deepstack_features=[merged] * self.levels)
+
+
+@pytest.mark.parametrize("name", ["qwen2_5_vl", "qwen3_vl"])
+def test_a_videos_grid_goes_to_the_towers_device_with_its_pixels(name: str) -> None:
+    """A tool reply's pixels and grid come from the processor on the CPU; Qwen3-VL's tower builds
+    position indices on the grid's device, so a grid left behind fails on CUDA ("index is on cpu")."""
+    config = {
+        "qwen2_5_vl": Qwen2_5_VLConfig(text_config={"hidden_size": 8}, vision_config={"out_hidden_size": 8}),
+        "qwen3_vl": Qwen3VLConfig(
+            text_config={"hidden_size": 8},
+            vision_config={"out_hidden_size": 8, "deepstack_visual_indexes": [0]},
+        ),
+    }[name]
+    family = family_of(config)
+    tower_model = _TowerOnAnotherDevice(width=8, levels=1 if name == "qwen3_vl" else 0)
+    family.encode_videos(tower_model, torch.zeros(12, 6), torch.tensor([[1, 2, 6]]))
+    assert tower_model.seen == [(torch.device("meta"), torch.device("meta"))]
