@@ -34,12 +34,19 @@ def demo_grpo_config(run_dir: Path, sft: str, data: str, seed: int, steps: int) 
     config["seed_everything"] = seed
     trainer = config["trainer"]
     trainer.update(default_root_dir=str(run_dir), max_steps=steps, limit_val_batches=0)
-    logger = {"save_dir": str(run_dir), "name": "csv", "version": 0}
-    trainer["logger"] = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}]
+    trainer["logger"] = [training_csv_logger(run_dir)]
     rollout_callback(config)["init_args"]["seed"] = seed
     config["model"]["init_args"]["model_path"] = sft
     config["data"]["init_args"].update(train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar")
     return config
+
+
+def training_csv_logger(run_dir: Path) -> dict[str, Any]:
+    """CSV metrics in ``run_dir/csv/version_N``, a new N for each attempt: Lightning deletes the
+    ``metrics.csv`` of a version folder a run reopens, so a pinned version would lose everything
+    logged before a resume. :func:`column` reads a run's versions as one history."""
+    init_args = {"save_dir": str(run_dir), "name": "csv"}
+    return {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": init_args}
 
 
 def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +89,7 @@ def fit_or_resume(run_dir: Path) -> None:
 
 def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None] | None = None) -> Path:
     """Train ``config`` in ``run_dir`` unless done before (then ``then(run_dir)``, e.g. an
-    evaluation); returns the run's ``metrics.csv``."""
+    evaluation); returns the run's CSV metrics folder (for :func:`column`)."""
     if not (run_dir / "done").exists():
         print(f"running {run_dir.name} ...", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,13 +98,29 @@ def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None]
         if then is not None:
             then(run_dir)
         (run_dir / "done").touch()
-    return run_dir / "csv" / "version_0" / "metrics.csv"
+    return run_dir / "csv"
 
 
 def column(metrics: Path, name: str) -> list[float]:
-    """Every logged value of ``name`` in a CSV metrics file, in step order."""
+    """Every logged value of ``name``, in step order, from a ``metrics.csv`` or from a CSV logger's
+    folder of ``version_N`` attempts (a run and its resumptions). A resumed attempt logs again the
+    steps its predecessor logged after the checkpoint it resumed from; the later attempt's rows
+    replace those steps."""
+    if metrics.is_file():
+        return [float(row[name]) for row in _rows(metrics) if row.get(name)]
+    versions = sorted(metrics.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
+    kept: list[dict[str, str]] = []
+    for attempt in reversed(versions):  # latest first: it owns every step it logged
+        rows = _rows(attempt)
+        owned = {row["step"] for row in kept}
+        kept = [row for row in rows if row["step"] not in owned] + kept
+    kept.sort(key=lambda row: int(row["step"]))  # stable: rows of one step keep their order
+    return [float(row[name]) for row in kept if row.get(name)]
+
+
+def _rows(metrics: Path) -> list[dict[str, str]]:
     with metrics.open() as f:
-        return [float(row[name]) for row in csv.DictReader(f) if row.get(name)]
+        return list(csv.DictReader(f))
 
 
 def mean_and_spread(values: list[float], digits: int = 3) -> str:

@@ -35,7 +35,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.report import last_predictions, paired_comparison
-from bench.grpo_runs import REPO, column, fit_or_resume, markdown, mean_and_spread, run_lvrl
+from bench.grpo_runs import (
+    REPO,
+    column,
+    fit_or_resume,
+    markdown,
+    mean_and_spread,
+    run_lvrl,
+    training_csv_logger,
+)
 
 CONFIGS = REPO / "configs" / "zoom"
 CHECKPOINT_EVERY = 50
@@ -54,8 +62,7 @@ def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, st
     config["seed_everything"] = seed
     trainer = config["trainer"]
     trainer.update(default_root_dir=str(run_dir), max_steps=steps, limit_val_batches=0)
-    logger = {"save_dir": str(run_dir), "name": "csv", "version": 0}
-    trainer["logger"] = [{"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": logger}]
+    trainer["logger"] = [training_csv_logger(run_dir)]
     for callback in trainer["callbacks"]:
         if callback["class_path"].endswith("RolloutCallback"):
             callback["init_args"]["seed"] = seed
@@ -102,7 +109,8 @@ def evaluate(run_dir: Path, data: str) -> tuple[Path, float]:
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     trainer = config["trainer"]
     trainer.update(default_root_dir=str(out), limit_val_batches=None)
-    trainer["logger"][0]["init_args"]["save_dir"] = str(out)
+    # version 0 pinned: an evaluation is never resumed, and a rerun of a stopped one replaces it.
+    trainer["logger"][0]["init_args"].update(save_dir=str(out), version=0)
     config["model"]["init_args"]["model_path"] = str(run_dir / "hf")
     config["data"]["init_args"]["val_shards"] = f"{data}/{{val,test}}-*.tar"
 

@@ -1,0 +1,28 @@
+"""The benches read a run's CSV metrics as one history across its resumptions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.grpo_runs import column
+
+
+def write_attempt(folder: Path, version: int, rows: list[tuple[int, str, str]]) -> None:
+    attempt = folder / f"version_{version}"
+    attempt.mkdir(parents=True)
+    lines = ["loss,step,val/accuracy", *(f"{loss},{step},{accuracy}" for step, loss, accuracy in rows)]
+    (attempt / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_a_resumed_run_reads_as_one_history(tmp_path: Path) -> None:
+    """The first attempt logs steps 9-39 and is killed after its checkpoint at step 20; the second
+    resumes there and logs 29-49 again; validation shares step 39's number with a training row.
+    Steps 29 and 39 come from the second attempt only, versions sort by number, not as text."""
+    metrics = tmp_path / "csv"
+    write_attempt(metrics, 0, [(9, "0.9", ""), (19, "0.8", ""), (29, "0.7", ""), (39, "0.6", "")])
+    write_attempt(metrics, 1, [(29, "0.65", ""), (39, "0.55", ""), (39, "", "0.5")])
+    write_attempt(metrics, 10, [(49, "0.45", "")])  # "version_10" sorts before "version_2" as text
+    write_attempt(metrics, 2, [(49, "0.4", ""), (59, "0.3", "0.75")])
+    assert column(metrics, "loss") == [0.9, 0.8, 0.65, 0.55, 0.45, 0.3]
+    assert column(metrics, "val/accuracy") == [0.5, 0.75]
+    assert column(metrics / "version_0" / "metrics.csv", "loss") == [0.9, 0.8, 0.7, 0.6]
