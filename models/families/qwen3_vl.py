@@ -83,8 +83,13 @@ class Qwen3_VL(ModelFamily):
         # indexes its position table with tensors made on the grid's device.
         grid = video_grid_thw.to(parameter.device)
         output = inner.get_video_features(pixels, grid, return_dict=True)
-        # deepstack_features: one tuple per level, each with one tensor per video.
-        levels = output.deepstack_features
+        # deepstack_features: one entry per level; from transformers 5.18 each is a tuple of one
+        # tensor per video (like pooler_output), before that one tensor of every video's tokens.
+        sizes = [len(merged) for merged in output.pooler_output]
+        levels = [
+            level if isinstance(level, (tuple, list)) else torch.split(level, sizes)
+            for level in output.deepstack_features
+        ]
         return [
             torch.cat([merged, *(level[video] for level in levels)], dim=-1)
             for video, merged in enumerate(output.pooler_output)

@@ -125,3 +125,36 @@ def test_a_videos_grid_goes_to_the_towers_device_with_its_pixels(name: str) -> N
     tower_model = _TowerOnAnotherDevice(width=8, levels=1 if name == "qwen3_vl" else 0)
     family.encode_videos(tower_model, torch.zeros(12, 6), torch.tensor([[1, 2, 6]]))
     assert tower_model.seen == [(torch.device("meta"), torch.device("meta"))]
+
+
+class _TowerOfTwoVideos(torch.nn.Module):
+    """Two videos of 3 and 5 merged tokens, their DeepStack level in either layout transformers
+    returns: split per video (5.18 on) or one tensor of every video's tokens (5.16, 5.17)."""
+
+    def __init__(self, split: bool) -> None:
+        super().__init__()
+        self.visual = torch.nn.Linear(2, 2)
+        self.split = split
+
+    def get_video_features(self, pixels: torch.Tensor, grid: torch.Tensor, return_dict: bool) -> object:
+        from types import SimpleNamespace
+
+        merged = torch.arange(8 * 4.0).reshape(8, 4)
+        level = -merged
+        split = (level.split([3, 5]),) if self.split else (level,)
+        return SimpleNamespace(pooler_output=merged.split([3, 5]), deepstack_features=split)
+
+
+def test_qwen3_deepstack_features_in_either_transformers_layout() -> None:
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 4}, vision_config={"out_hidden_size": 4, "deepstack_visual_indexes": [0]}
+    )
+    family = family_of(config)
+    grids = torch.tensor([[1, 2, 6], [1, 2, 10]])
+    per_video = family.encode_videos(_TowerOfTwoVideos(split=True), torch.zeros(32, 6), grids)
+    together = family.encode_videos(_TowerOfTwoVideos(split=False), torch.zeros(32, 6), grids)
+    assert [tuple(v.shape) for v in per_video] == [(3, 8), (5, 8)]
+    merged = torch.arange(8 * 4.0).reshape(8, 4)
+    expected = torch.cat([merged, -merged], dim=-1).split([3, 5])
+    for a, b, e in zip(per_video, together, expected, strict=True):
+        assert torch.equal(a, e) and torch.equal(b, e)
