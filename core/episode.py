@@ -147,10 +147,12 @@ class Episode:
         rule = rule or self.rule
         if rule is None:
             raise ValueError("an episode's positions need the model's position rule")
-        grids = [v.grid_thw.reshape(3) for v in self.segments]
+        # On the CPU, like the token bookkeeping: the prompt's grid arrives with its batch (on
+        # the accelerator), a tool reply's from the processor (on the CPU).
+        grids = [v.grid_thw.reshape(3).cpu() for v in self.segments]
         seconds = [v.second_per_grid for v in self.segments]
         if self.prompt.video_grid_thw is not None and self.prompt.second_per_grid is not None:
-            grids.insert(0, self.prompt.video_grid_thw.reshape(3))
+            grids.insert(0, self.prompt.video_grid_thw.reshape(3).cpu())
             seconds.insert(0, self.prompt.second_per_grid)
         positions, _ = mrope_positions_1d(
             self.prompt.video_slots.tolist() + self.video_slots,
