@@ -15,9 +15,10 @@ def write_attempt(folder: Path, version: int, rows: list[tuple[int, str, str]]) 
 
 
 def test_a_resumed_run_reads_as_one_history(tmp_path: Path) -> None:
-    """The first attempt logs steps 9-39 and is killed after its checkpoint at step 20; the second
-    resumes there and logs 29-49 again; validation shares step 39's number with a training row.
-    Steps 29 and 39 come from the second attempt only, versions sort by number, not as text."""
+    """Attempt 0 logs steps 9-39 and is killed after its checkpoint at step 20; attempt 1 resumes
+    there and logs 29 and 39 again (and a validation row at step 39); attempts 2 and 10 follow, 10
+    the latest. Each step comes from the latest attempt that logged it, and attempts are ordered
+    by number, not as text."""
     metrics = tmp_path / "csv"
     write_attempt(metrics, 0, [(9, "0.9", ""), (19, "0.8", ""), (29, "0.7", ""), (39, "0.6", "")])
     write_attempt(metrics, 1, [(29, "0.65", ""), (39, "0.55", ""), (39, "", "0.5")])

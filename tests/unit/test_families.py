@@ -3,6 +3,8 @@ feature bookkeeping, and the timing the processors would compute."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
@@ -103,8 +105,6 @@ class _TowerOnAnotherDevice(torch.nn.Module):
         self.seen: list[tuple[torch.device, torch.device]] = []
 
     def get_video_features(self, pixels: torch.Tensor, grid: torch.Tensor, return_dict: bool) -> object:
-        from types import SimpleNamespace
-
         self.seen.append((pixels.device, grid.device))
         merged = [torch.zeros(3, self.width)]
         return SimpleNamespace(pooler_output=merged, deepstack_features=[merged] * self.levels)
@@ -137,8 +137,6 @@ class _TowerOfTwoVideos(torch.nn.Module):
         self.split = split
 
     def get_video_features(self, pixels: torch.Tensor, grid: torch.Tensor, return_dict: bool) -> object:
-        from types import SimpleNamespace
-
         merged = torch.arange(8 * 4.0).reshape(8, 4)
         level = -merged
         split = (level.split([3, 5]),) if self.split else (level,)
