@@ -32,9 +32,11 @@ from bench.grpo_runs import (
 
 
 def evaluate(model_dir: Path | str, out: Path, data: str) -> Path:
-    """Greedy answers of ``model_dir`` on every held-out question; returns the metrics file."""
-    metrics = out / "csv" / "version_0" / "metrics.csv"
-    if not metrics.exists():
+    """Greedy answers of ``model_dir`` on every held-out question; returns the CSV logger's folder.
+    An evaluation that logged its accuracy is kept; one stopped before that runs again (into a new
+    ``version_N``, which ``column`` reads as the latest attempt)."""
+    metrics = out / "csv"
+    if not column(metrics, "val/accuracy"):
         arguments = {
             "--config": "configs/demo/sft.yaml",
             "--trainer.default_root_dir": str(out),

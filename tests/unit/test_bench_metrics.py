@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.grpo_runs import column
 
 
@@ -27,3 +29,21 @@ def test_a_resumed_run_reads_as_one_history(tmp_path: Path) -> None:
     assert column(metrics, "loss") == [0.9, 0.8, 0.65, 0.55, 0.45, 0.3]
     assert column(metrics, "val/accuracy") == [0.5, 0.75]
     assert column(metrics / "version_0" / "metrics.csv", "loss") == [0.9, 0.8, 0.7, 0.6]
+
+
+def test_an_evaluation_stopped_before_its_accuracy_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench/agreement.py`` keeps an evaluation that logged its accuracy and reruns one that did
+    not; the rerun's ``version_1`` is the one read."""
+    from bench import agreement
+
+    calls: list[Path] = []
+    monkeypatch.setattr(agreement, "run_lvrl", lambda out, *args, **kwargs: calls.append(out))
+    out = tmp_path / "eval"
+    write_attempt(out / "csv", 0, [(0, "0.9", "")])  # stopped: a loss row, no accuracy yet
+    agreement.evaluate("model", out, "data")
+    assert calls == [out]
+    write_attempt(out / "csv", 1, [(0, "", "0.625")])  # what the rerun logs
+    assert column(agreement.evaluate("model", out, "data"), "val/accuracy") == [0.625]
+    assert calls == [out]  # the finished evaluation is not run again
