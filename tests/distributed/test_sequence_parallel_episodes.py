@@ -9,7 +9,9 @@ split across the ranks so that segments and turns fall in different slices; Ulys
 whole, and the prompt shared by both rows) and ring attention in its zigzag layout are compared
 with :func:`models.logprobs.completion_logprobs` in one process: log-probs (zero at the replies)
 and the gradients of the same loss, parameters and cached encodings (prompt video and segments),
-within the float32 bars of the other sequence-parallel tests (sharding reorders reductions).
+within the float32 bars of the other sequence-parallel tests (sharding reorders reductions); and
+the positions the LM head computes logits for, over both ranks, are exactly those that predict a
+sampled token.
 """
 
 from __future__ import annotations
@@ -50,7 +52,14 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store: str,
     torch.set_num_threads(1)
     scoring, prompt_video, segments = torch.load(inputs, weights_only=False)
     model = load_model(model_dir).train()
+    # Positions the LM head computes logits for on this rank (hidden states come in as
+    # (rows, positions, hidden)).
+    head_positions: list[int] = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda module, args, output: head_positions.append(args[0].shape[1])
+    )
     for attention, layout, share in SHARDINGS:
+        head_positions.clear()
         model.zero_grad()
         for leaf in leaves(prompt_video, segments):
             leaf.grad = None
@@ -69,10 +78,13 @@ def _worker(rank: int, world_size: int, model_dir: str, inputs: str, store: str,
         sum_gradients_over(list(model.parameters()), shard.group)
         for leaf in leaves(prompt_video, segments):
             dist.all_reduce(leaf.grad, group=shard.group)
+        computed = torch.tensor(sum(head_positions))
+        dist.all_reduce(computed, group=shard.group)
         if rank == 0:
             gradients = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
             gradients.update({f"video{i}": v.grad for i, v in enumerate(leaves(prompt_video, segments))})
-            torch.save((logprobs.detach(), gradients), Path(out_dir) / f"{attention}-{layout}-{share}.pt")
+            results = (logprobs.detach(), gradients, int(computed))
+            torch.save(results, Path(out_dir) / f"{attention}-{layout}-{share}.pt")
     dist.destroy_process_group()
 
 
@@ -108,9 +120,18 @@ def test_episode_rows_score_sequence_parallel_as_in_one_process(
         nprocs=2,
         start_method="spawn",
     )
+    sampled = scoring.completion_mask > 0
     for attention, layout, share in SHARDINGS:
-        logprobs, gradients = torch.load(tmp_path / f"{attention}-{layout}-{share}.pt")
+        logprobs, gradients, head_positions = torch.load(tmp_path / f"{attention}-{layout}-{share}.pt")
         why = f"2 ranks {attention} {layout} (shared prompt: {share}) vs one process, episode rows"
+        # Logits only where a sampled token is predicted, over both ranks: with rows whole, the
+        # rows' sampled positions in common count once (both rows have the one prompt's length);
+        # packed after a shared prompt, each completion has positions of its own. Not the prompt's
+        # video, not the tool's served frames.
+        expected_positions = int(sampled.sum()) if share else int(sampled.any(dim=0).sum())
+        # (Every position would be at least one row's width: the count tells the two apart.)
+        assert expected_positions < scoring.input_ids.shape[1]
+        assert head_positions == expected_positions, why
         assert_float32_close(logprobs, expected.detach(), ulps=FORWARD_ULPS, reason=f"log-probs, {why}")
         assert gradients.keys() == reference.keys()
         for name, want in reference.items():
