@@ -63,7 +63,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -85,17 +85,10 @@ from models.presets import family_recipe
 from models.presets.qwen3_vl import make_processor, text_config, vision_config, vision_token_ids
 from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
 from models.vision import encode_videos, vision_tower
-from rollout.base import (
-    Completion,
-    PolicyHandle,
-    RolloutEngine,
-    RolloutRequest,
-    RolloutResult,
-    SamplingConfig,
-    TurnRequest,
-)
+from rollout.base import RolloutRequest, SamplingConfig
 from rollout.episodes import EpisodeVideo, FrameTool, run_episodes
 from rollout.experience import scoring_rows
+from rollout.scripted import ScriptedEngine
 
 T = TypeVar("T")
 FAMILY = "qwen3_vl"
@@ -484,38 +477,6 @@ def tool_case(setup: Setup) -> Case:
     return Case("tool", args.overview + args.served, prompt, turns, served=args.served)
 
 
-class ScriptedTurns(RolloutEngine):
-    """An engine that writes each episode's turns from :attr:`Case.turns` (the first turns in
-    row order; a later turn found by the episode's first turn)."""
-
-    needs_weight_sync = False
-
-    def __init__(self, turns: list[list[list[int]]]) -> None:
-        self.turns = turns
-        self.by_first = {tuple(row[0]): row for row in turns}
-
-    def start(self, policy: PolicyHandle) -> None:
-        pass
-
-    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
-        return [RolloutResult([_completion(row[0]) for row in self.turns]) for _ in requests]
-
-    def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
-        out = []
-        for request in requests:
-            first = len(self.turns[0][0])
-            row = self.by_first[tuple(request.episode.token_ids[:first])]
-            out.append(_completion(row[request.episode.turns]))
-        return out
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        pass
-
-
-def _completion(ids: list[int]) -> Completion:
-    return Completion(list(ids), [0.0] * len(ids), "", "stop")
-
-
 # -- running a case -------------------------------------------------------------------------------
 @dataclass
 class Setup:
@@ -619,8 +580,9 @@ def group_rows(
     """The group's scoring rows as a GRPO step builds them, each row's segment encodings (None
     for dense rows) and the frames the tower encoded."""
     layout, pad = case.prompt.layout, setup.processor.tokenizer.pad_token_id
+    engine = ScriptedEngine(case.turns)
     if not case.served:
-        completions = [_completion(row[0]) for row in case.turns]
+        completions = [engine.completion(row[0]) for row in case.turns]
         batch, _ = scoring_rows([layout], completions, None, [0] * len(completions), pad, 1)
         return batch, None, None, case.frames_seen
     # One request per episode, served whole at the source's rate (consecutive frames).
@@ -630,12 +592,12 @@ def group_rows(
         n=len(case.turns), max_new_tokens=max(len(t) for row in case.turns for t in row)
     )
     request = RolloutRequest(layout, layout.encoded_video(embeds))
-    groups, stats = run_episodes(ScriptedTurns(case.turns), [request], [setup.video.source()], sampling, tool)
+    groups, stats = run_episodes(engine, [request], [setup.video.source()], sampling, tool)
     if stats.rejected or stats.requests != len(case.turns):
         raise RuntimeError(f"the tool did not serve every request: {stats}")
     episodes = groups[0]
     completions = [
-        _completion([t for t, s in zip(e.token_ids, e.sampled, strict=True) if s]) for e in episodes
+        engine.completion([t for t, s in zip(e.token_ids, e.sampled, strict=True) if s]) for e in episodes
     ]
     batch, _ = scoring_rows([layout], completions, episodes, [0] * len(episodes), pad, 1)
     segments = [[segment.embeds for segment in e.segments] for e in episodes]

@@ -4,7 +4,7 @@ tests of tool-use episodes."""
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +23,8 @@ from datamodules.video import decode_frames
 from models.families import ModelFamily, family_of
 from models.loading import load_model
 from models.vision import encode_videos
-from rollout.base import (
-    Completion,
-    PolicyHandle,
-    RolloutEngine,
-    RolloutRequest,
-    RolloutResult,
-    SamplingConfig,
-    TurnRequest,
-)
+from rollout import scripted
+from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig, TurnRequest
 from rollout.episodes import EpisodeVideo, FrameTool
 
 MAX_PIXELS = 56 * 56
@@ -118,32 +111,21 @@ def video_prompt(model_dir: Path, synth_dir: Path, model: torch.nn.Module | None
     )
 
 
-class ScriptedEngine(RolloutEngine):
-    """Writes each episode's turns from a script, told apart by their first turn."""
+class ScriptedEngine(scripted.ScriptedEngine):
+    """The project's scripted engine (log-prob -0.5 a token), checking that it is asked as an
+    episode runner should ask (the request's closing tag a stop token, one completion per script)
+    and recording each turn call's prompts, seed and stop tokens."""
 
     def __init__(self, scripts: list[list[list[int]]]) -> None:
-        self.scripts = scripts
+        super().__init__(scripts, logprob=-0.5)
         self.turn_calls: list[tuple[list[list[int]], int | None, tuple[str, ...]]] = []
-
-    def start(self, policy: PolicyHandle) -> None:
-        pass
-
-    def _completion(self, ids: list[int]) -> Completion:
-        return Completion(ids, [-0.5] * len(ids), "", "stop")
 
     def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
         assert CALL_CLOSE in sampling.stop_tokens and sampling.n == len(self.scripts)
-        return [RolloutResult([self._completion(script[0]) for script in self.scripts]) for _ in requests]
+        return super().generate(requests, sampling)
 
     def generate_turns(self, requests: Sequence[TurnRequest], sampling: SamplingConfig) -> list[Completion]:
         self.turn_calls.append(
             ([r.episode.engine_prompt() for r in requests], sampling.seed, sampling.stop_tokens)
         )
-        out = []
-        for request in requests:
-            script = next(s for s in self.scripts if request.episode.token_ids[: len(s[0])] == s[0])
-            out.append(self._completion(script[request.episode.turns]))
-        return out
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        pass
+        return super().generate_turns(requests, sampling)

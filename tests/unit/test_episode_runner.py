@@ -173,3 +173,12 @@ def test_peers_that_share_the_engine_calls_play_the_same_episodes(prompt) -> Non
     for ours, theirs in episodes:
         assert ours.token_ids == theirs.token_ids and ours.sampled == theirs.sampled
         assert [s.grid_thw.tolist() for s in ours.segments] == [s.grid_thw.tolist() for s in theirs.segments]
+
+
+def test_scripts_that_begin_alike_are_refused(prompt) -> None:
+    """The scripted engine finds an episode's later turns by its first turn: two scripts that
+    begin with the same turn could not be told apart."""
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    request = prompt.request_ids(1, 5)
+    with pytest.raises(ValueError, match="begin with the same turn"):
+        ScriptedEngine([[request, answer], [request, answer[:3]]])
