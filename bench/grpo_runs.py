@@ -76,15 +76,20 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
         )
 
 
-def fit_or_resume(run_dir: Path) -> None:
+def fit_or_resume(run_dir: Path, continuing: Path | None = None) -> None:
     """``lvrl fit`` of ``run_dir/config.yaml``, continuing from the checkpoint an interrupted
     attempt left (stop a run with SIGTERM to its ``lvrl`` process: it finishes the step and
-    writes ``last.ckpt``; the bench then stops too, and its next start resumes the run)."""
+    writes ``last.ckpt``; the bench then stops too, and its next start resumes the run). A first
+    attempt starts from ``continuing`` (another run's checkpoint) when given."""
     resume = (run_dir / "checkpoints" / "last.ckpt").exists()
     arguments = ["fit", "--config", str(run_dir / "config.yaml")]
     if resume:
         print(f"resuming {run_dir.name} from its last checkpoint", flush=True)
-    run_lvrl(run_dir, arguments + (["--ckpt_path", "last"] if resume else []), append=resume)
+        arguments += ["--ckpt_path", "last"]
+    elif continuing is not None:
+        print(f"{run_dir.name} continues {continuing}", flush=True)
+        arguments += ["--ckpt_path", str(continuing)]
+    run_lvrl(run_dir, arguments, append=resume)
 
 
 def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None] | None = None) -> Path:

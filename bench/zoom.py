@@ -18,7 +18,7 @@ in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start),
 baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--family qwen3_vl] [--sft-steps 600] [--grpo-steps 200]
+       [--family qwen3_vl] [--sft-steps 600] [--grpo-steps 200] [--longer-grpo 300 400]
 """
 
 from __future__ import annotations
@@ -93,10 +93,10 @@ def timed_once(out: Path, work: Any) -> float:
     return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
 
 
-def train(run_dir: Path, config: dict[str, Any]) -> float:
+def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None) -> float:
     def work() -> None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-        fit_or_resume(run_dir)
+        fit_or_resume(run_dir, continuing)
 
     return timed_once(run_dir, work)
 
@@ -142,6 +142,40 @@ def paired_line(label: str, base: list[dict[str, bool]], new: list[dict[str, boo
     )
 
 
+def split_of(question: str) -> str:
+    """The split of a zoom question from its id (``synth-val-000012``: ``val``)."""
+    return question.split("-")[1]
+
+
+def on_split(answers: list[dict[str, bool]], split: str) -> list[dict[str, bool]]:
+    return [{q: right for q, right in seed.items() if split_of(q) == split} for seed in answers]
+
+
+def longer_grpo_report(first: int, sft: list[dict[str, bool]], grpo: dict[int, list[dict[str, bool]]]) -> str:
+    """Each GRPO length's accuracy per split, the length with the best validation accuracy
+    (pooled over seeds; the shorter on a tie), and that length against its SFT start on the test
+    split, which played no part in the choice."""
+
+    def accuracy(answers: list[dict[str, bool]]) -> float:
+        values = [right for seed in answers for right in seed.values()]
+        return sum(values) / len(values)
+
+    rows = [
+        [f"{steps} steps", *(f"{accuracy(on_split(answers, split)):.3f}" for split in ("val", "test"))]
+        for steps, answers in sorted(grpo.items())
+    ]
+    rows.insert(0, ["SFT start", *(f"{accuracy(on_split(sft, split)):.3f}" for split in ("val", "test"))])
+    chosen = max(sorted(grpo), key=lambda steps: accuracy(on_split(grpo[steps], "val")))
+    test = paired_line(
+        f"tool GRPO, {chosen} steps (chosen on validation) vs tool SFT, test split",
+        on_split(sft, "test"),
+        on_split(grpo[chosen], "test"),
+    )
+    table = markdown(["tool GRPO length", "validation accuracy", "test accuracy"], rows)
+    title = f"GRPO length, chosen on the validation split (seeds pooled), from {first} steps on"
+    return f"\n{title}\n{table}\n{test}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
@@ -159,7 +193,21 @@ def main() -> None:
         help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: README)",
     )
     parser.add_argument("--grpo-steps", type=int, default=200)
+    parser.add_argument(
+        "--longer-grpo",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="STEPS",
+        help="also run the tool GRPO to these step counts, each continuing the one before from its last "
+        "checkpoint (a constant learning rate: the same run, longer), and evaluate each; the step "
+        "count is chosen on the validation split (pooled over seeds) and reported on the test split",
+    )
     args = parser.parse_args()
+    if sorted(set(args.longer_grpo)) != args.longer_grpo or any(
+        n <= args.grpo_steps for n in args.longer_grpo
+    ):
+        parser.error("--longer-grpo: increasing step counts, each above --grpo-steps")
     out, data = Path(args.out), args.data
     if not (Path(data) / "dataset.json").exists():
         run_lvrl(out, ["data", "zoom", "--out", data], log_name="data.log")
@@ -172,6 +220,7 @@ def main() -> None:
     answers: dict[str, list[dict[str, bool]]] = {label: [] for label, _, _ in STAGES}
     extra: dict[str, list[float]] = {"dense 16": [], "dense 64": [], "requests": [], "frames": []}
     seconds: dict[str, list[float]] = {}
+    longer: dict[int, list[dict[str, bool]]] = {}
     for seed in args.seeds:
         for label, folder, config_name in STAGES:
             run_dir = out / f"seed{seed}" / folder
@@ -193,6 +242,23 @@ def main() -> None:
             if folder == "grpo-tool":
                 extra["requests"].append(last(metrics, "val/requests_per_answer"))
                 extra["frames"].append(last(metrics, "val/frames_per_answer"))
+        previous = out / f"seed{seed}" / "grpo-tool"
+        for steps in args.longer_grpo:
+            run_dir = out / f"seed{seed}" / f"grpo-tool-{steps}"
+            config = stage_config(
+                "grpo_tool.yaml", run_dir, previous.parent / "sft-tool" / "hf", data, seed, steps
+            )
+            if config["model"]["init_args"].get("lr_schedule", "constant") != "constant":
+                sys.exit("--longer-grpo continues a run: its learning rate must be constant")
+            trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
+            eval_dir, evaluated = evaluate(run_dir, data)
+            seconds.setdefault(f"tool GRPO to {steps} training", []).append(trained)
+            seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(evaluated)
+            predictions = last_predictions(eval_dir)
+            if predictions is None:
+                raise RuntimeError(f"{eval_dir} wrote no predictions")
+            longer.setdefault(steps, []).append(predictions)
+            previous = run_dir
 
     def row(label: str, values: list[float]) -> list[str]:
         return [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
@@ -211,6 +277,12 @@ def main() -> None:
     print(paired_line("tool GRPO vs tool SFT", answers["tool SFT"], answers["tool GRPO"]))
     dense = answers["dense SFT, 256 frames"]
     print(paired_line("tool GRPO vs dense SFT (256 frames)", dense, answers["tool GRPO"]))
+    if longer:
+        print(
+            longer_grpo_report(
+                args.grpo_steps, answers["tool SFT"], {args.grpo_steps: answers["tool GRPO"], **longer}
+            )
+        )
     print(
         "\nwall time per seed (s): " + ", ".join(f"{k} {mean_and_spread(v, 0)}" for k, v in seconds.items())
     )

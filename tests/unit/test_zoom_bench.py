@@ -1,0 +1,65 @@
+"""bench/zoom.py's longer GRPO runs: each continues the one before from its checkpoint, and the
+length is chosen on the validation split and judged on the test split alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import grpo_runs
+from bench.zoom import longer_grpo_report
+
+
+def answers(val: list[bool], test: list[bool]) -> dict[str, bool]:
+    """One seed's answers: ``synth-val-N`` and ``synth-test-N`` questions, as the zoom data names them."""
+    named = {f"synth-val-{i:06d}": right for i, right in enumerate(val)}
+    return named | {f"synth-test-{i:06d}": right for i, right in enumerate(test)}
+
+
+def test_the_length_is_chosen_on_validation_and_judged_on_test_alone() -> None:
+    """Two seeds of 10 + 10 questions. On validation the 300-step runs answer 15 of 20, the
+    400-step runs 13 (and 200 steps 10): 300 is chosen, though 400 is far better on test. The
+    paired test then counts test questions only: against the start's 4 of 20 test answers,
+    300 steps answers 9, right on 5 questions the start missed and wrong on none it had."""
+    sft = [answers([True] * 5 + [False] * 5, [True] * 2 + [False] * 8)] * 2
+    grpo = {
+        200: [answers([True] * 5 + [False] * 5, [True] * 2 + [False] * 8)] * 2,
+        300: [
+            answers([True] * 8 + [False] * 2, [True] * 5 + [False] * 5),
+            answers([True] * 7 + [False] * 3, [True] * 4 + [False] * 6),
+        ],
+        400: [
+            answers([True] * 6 + [False] * 4, [True] * 10),
+            answers([True] * 7 + [False] * 3, [True] * 10),
+        ],
+    }
+    report = longer_grpo_report(200, sft, grpo)
+    assert "| 300 steps | 0.750 | 0.450 |" in report
+    assert "| 400 steps | 0.650 | 1.000 |" in report
+    assert "| SFT start | 0.500 | 0.200 |" in report
+    assert "tool GRPO, 300 steps (chosen on validation) vs tool SFT, test split" in report
+    assert "+25.0% on 20 answers (5 right only in the first, 0 only in the second)" in report
+
+
+def test_a_tie_on_validation_goes_to_the_shorter_run() -> None:
+    same = [answers([True, False], [False, False])]
+    report = longer_grpo_report(200, same, {200: same, 300: same})
+    assert "tool GRPO, 200 steps (chosen on validation)" in report
+
+
+def test_a_continued_run_starts_from_the_given_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its first attempt starts from the shorter run's checkpoint; once it wrote its own, a
+    stopped attempt resumes from that."""
+    calls: list[list[str]] = []
+    monkeypatch.setattr(grpo_runs, "run_lvrl", lambda run_dir, arguments, **kwargs: calls.append(arguments))
+    shorter = tmp_path / "grpo-tool" / "checkpoints" / "last.ckpt"
+    run_dir = tmp_path / "grpo-tool-300"
+    grpo_runs.fit_or_resume(run_dir, continuing=shorter)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").touch()
+    grpo_runs.fit_or_resume(run_dir, continuing=shorter)
+    config = ["fit", "--config", str(run_dir / "config.yaml")]
+    assert calls == [[*config, "--ckpt_path", str(shorter)], [*config, "--ckpt_path", "last"]]
