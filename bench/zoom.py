@@ -144,11 +144,17 @@ def paired_line(label: str, base: list[dict[str, bool]], new: list[dict[str, boo
 
 def split_of(question: str) -> str:
     """The split of a zoom question from its id (``synth-val-000012``: ``val``)."""
-    return question.split("-")[1]
+    parts = question.split("-")
+    return parts[1] if len(parts) > 2 else ""
 
 
 def on_split(answers: list[dict[str, bool]], split: str) -> list[dict[str, bool]]:
-    return [{q: right for q, right in seed.items() if split_of(q) == split} for seed in answers]
+    kept = [{q: right for q, right in seed.items() if split_of(q) == split} for seed in answers]
+    if not any(kept):
+        raise ValueError(
+            f"no {split} questions: ids like synth-{split}-000012, as `lvrl data zoom` writes them"
+        )
+    return kept
 
 
 def longer_grpo_report(first: int, sft: list[dict[str, bool]], grpo: dict[int, list[dict[str, bool]]]) -> str:

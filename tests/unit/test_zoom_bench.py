@@ -48,6 +48,12 @@ def test_a_tie_on_validation_goes_to_the_shorter_run() -> None:
     assert "tool GRPO, 200 steps (chosen on validation)" in report
 
 
+def test_questions_without_a_split_in_their_ids_are_refused() -> None:
+    other = [{"videomme-001": True, "q2": False}]
+    with pytest.raises(ValueError, match="no val questions"):
+        longer_grpo_report(200, other, {200: other})
+
+
 def test_a_continued_run_starts_from_the_given_checkpoint_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
