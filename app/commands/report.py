@@ -75,10 +75,19 @@ def register(parser: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="NAME=DIR",
-        help="a series: its name and the evaluation folder; repeat",
+        help=(
+            "a series: its name and the evaluation folder; repeat. A name given several times "
+            "(one folder per seed) is plotted as the mean over its folders, bars from lowest to highest"
+        ),
     )
     frames.add_argument(
         "--out", type=Path, required=True, help="PNG file to write (the table goes beside it, .md)"
+    )
+    frames.add_argument(
+        "--chance",
+        type=float,
+        metavar="ACCURACY",
+        help="draw the accuracy of guessing as a dashed line (0.25 for four options)",
     )
     frames.set_defaults(run=run_frames)
 
@@ -435,9 +444,11 @@ def run_compare(args: argparse.Namespace) -> None:
 
 
 SWEEP_ACCURACY = re.compile(r"val/frames_(\d+)/accuracy")
+# (frames seen per answer, accuracy, requests per answer: None for a frame-count sweep)
+Point = tuple[float, float, float | None]
 
 
-def frames_points(scores: dict[str, float]) -> list[tuple[float, float, float | None]]:
+def frames_points(scores: dict[str, float]) -> list[Point]:
     """``(frames seen per answer, accuracy, requests per answer)`` of one evaluation's metrics.
 
     >>> frames_points({"val/accuracy": 0.5, "val/frames_per_answer": 31.5, "val/requests_per_answer": 1.0})
@@ -455,14 +466,38 @@ def frames_points(scores: dict[str, float]) -> list[tuple[float, float, float | 
     return [(frames, accuracy, None) for frames, accuracy in sorted(sweep)]
 
 
+def mean_points(name: str, runs: list[list[Point]]) -> list[tuple[Point, list[float]]]:
+    """One series' points averaged over its runs (seeds), each with the runs' accuracies.
+
+    A tool-use point averages frames, accuracy and requests; a sweep's points pair up by frame
+    count, which must be the same in every run (averaging 64 frames with 256 would plot neither).
+
+    >>> mean_points("tool", [[(30.0, 0.5, 1.0)], [(32.0, 0.7, 1.2)]])
+    [((31.0, 0.6, 1.1), [0.5, 0.7])]
+    """
+    shapes = {tuple(f if r is None else "tool" for f, _, r in points) for points in runs}
+    if len(shapes) != 1:
+        raise SystemExit(f"--run {name}=...: its folders measured different frame counts: {sorted(shapes)}")
+    averaged = []
+    for at in zip(*runs, strict=True):
+        accuracies = [accuracy for _, accuracy, _ in at]
+        requests = [r for _, _, r in at if r is not None]
+        point = (
+            sum(f for f, _, _ in at) / len(at),
+            sum(accuracies) / len(at),
+            sum(requests) / len(requests) if requests else None,
+        )
+        averaged.append((point, accuracies))
+    return averaged
+
+
 def run_frames(args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    rows = []
+    series: dict[str, list[list[Point]]] = {}
     for spec in args.columns:
         name, sep, folder = spec.partition("=")
         if not sep or not name or not folder:
@@ -472,10 +507,24 @@ def run_frames(args: argparse.Namespace) -> None:
             raise SystemExit(
                 f"{folder}: no frames per answer: evaluate with val_tool_use or a val_num_frames sweep"
             )
-        axis.plot([f for f, _, _ in points], [a for _, a, _ in points], marker="o", label=name)
-        for frames, accuracy, requests in points:
+        series.setdefault(name, []).append(points)
+    figure, axis = plt.subplots(figsize=(6, 4))
+    rows = []
+    for name, runs in series.items():
+        averaged = mean_points(name, runs)
+        frames = [f for (f, _, _), _ in averaged]
+        accuracy = [a for (_, a, _), _ in averaged]
+        below = [a - min(each) for (_, a, _), each in averaged]
+        above = [max(each) - a for (_, a, _), each in averaged]
+        label = name if len(runs) == 1 else f"{name} (mean of {len(runs)})"
+        bars = [below, above] if len(runs) > 1 else None
+        axis.errorbar(frames, accuracy, yerr=bars, marker="o", capsize=3, label=label)
+        for (seen, mean, requests), each in averaged:
             asked = "-" if requests is None else f"{requests:.2f}"
-            rows.append((name, f"{frames:.1f}", f"{accuracy:.1%}", asked))
+            per_run = ", ".join(f"{a:.1%}" for a in each)
+            rows.append((name, f"{seen:.1f}", f"{mean:.1%}", per_run, asked))
+    if args.chance is not None:
+        axis.axhline(args.chance, color="grey", linestyle="--", linewidth=1, label="chance")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("frames seen per answer")
     axis.set_ylabel("held-out accuracy")
@@ -484,7 +533,13 @@ def run_frames(args: argparse.Namespace) -> None:
     figure.tight_layout()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(args.out, dpi=120)
-    columns = [Column("run", "left"), Column("frames seen"), Column("accuracy"), Column("requests")]
+    columns = [
+        Column("run", "left"),
+        Column("frames seen"),
+        Column("accuracy"),
+        Column("per folder"),
+        Column("requests"),
+    ]
     table = render_table(Table(columns, rows))
     args.out.with_suffix(".md").write_text(table + "\n")
     print(table)

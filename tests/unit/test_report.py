@@ -281,7 +281,7 @@ def test_frames_report_puts_tool_use_and_a_frame_sweep_on_one_axis(tmp_path: Pat
     main(["report", "frames", "--run", f"tool use={tool}", "--run", f"dense={dense}", "--out", str(out)])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = out.with_suffix(".md").read_text()
-    assert "| tool use | 31.5 | 62.0% | 1.02 |" in table
+    assert "| tool use | 31.5 | 62.0% | 62.0% | 1.02 |" in table
     assert [line.split("|")[2].strip() for line in table.splitlines() if "| dense |" in line] == [
         "16.0",
         "64.0",
@@ -290,3 +290,50 @@ def test_frames_report_puts_tool_use_and_a_frame_sweep_on_one_axis(tmp_path: Pat
     with pytest.raises(SystemExit, match="no frames per answer"):
         write_log(tmp_path / "plain", 0, [{"step": 1, "val/accuracy": 0.5}])
         main(["report", "frames", "--run", f"plain={tmp_path / 'plain'}", "--out", str(out)])
+
+
+def test_frames_report_averages_a_name_given_once_per_seed(tmp_path: Path) -> None:
+    def sweep(folder: Path, at_16: float, at_256: float, counts: tuple[int, int] = (16, 256)) -> Path:
+        write_log(
+            folder,
+            0,
+            [
+                {
+                    "step": 1,
+                    "val/accuracy": at_256,
+                    f"val/frames_{counts[0]}/accuracy": at_16,
+                    f"val/frames_{counts[1]}/accuracy": at_256,
+                }
+            ],
+        )
+        return folder
+
+    tool = []
+    for seed, (frames, accuracy) in enumerate([(30.0, 0.50), (34.0, 0.75)]):
+        tool.append(tmp_path / f"tool{seed}")
+        write_log(
+            tool[-1],
+            0,
+            [
+                {
+                    "step": 1,
+                    "val/accuracy": accuracy,
+                    "val/frames_per_answer": frames,
+                    "val/requests_per_answer": 1.0 + seed,
+                }
+            ],
+        )
+    dense = [sweep(tmp_path / "d0", 0.25, 0.25), sweep(tmp_path / "d1", 0.5, 0.375)]
+    out = tmp_path / "frames.png"
+    runs = [arg for folder in tool for arg in ("--run", f"tool={folder}")]
+    runs += [arg for folder in dense for arg in ("--run", f"dense={folder}")]
+    main(["report", "frames", *runs, "--chance", "0.25", "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    assert "| tool | 32.0 | 62.5% | 50.0%, 75.0% | 1.50 |" in table
+    assert "| dense | 16.0 | 37.5% | 25.0%, 50.0% | - |" in table
+    assert "| dense | 256.0 | 31.2% | 25.0%, 37.5% | - |" in table
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A seed evaluated at other frame counts cannot be averaged with the rest: refused by name.
+    odd = sweep(tmp_path / "d2", 0.5, 0.5, counts=(16, 64))
+    with pytest.raises(SystemExit, match=r"dense=.*different frame counts"):
+        main(["report", "frames", *runs, "--run", f"dense={odd}", "--out", str(out)])
