@@ -182,6 +182,30 @@ def longer_grpo_report(first: int, sft: list[dict[str, bool]], grpo: dict[int, l
     return f"\n{title}\n{table}\n{test}"
 
 
+def continue_grpo(
+    first: Path, data: str, seed: int, lengths: list[int], seconds: dict[str, list[float]]
+) -> list[tuple[int, dict[str, bool]]]:
+    """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
+    it, each from the one before's last checkpoint), each evaluated: its held-out answers."""
+    answers = []
+    previous = first
+    for steps in lengths:
+        run_dir = first.parent / f"grpo-tool-{steps}"
+        config = stage_config("grpo_tool.yaml", run_dir, first.parent / "sft-tool" / "hf", data, seed, steps)
+        if config["model"]["init_args"].get("lr_schedule", "constant") != "constant":
+            sys.exit("--longer-grpo continues a run: its learning rate must be constant")
+        trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
+        eval_dir, evaluated = evaluate(run_dir, data)
+        seconds.setdefault(f"tool GRPO to {steps} training", []).append(trained)
+        seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(evaluated)
+        predictions = last_predictions(eval_dir)
+        if predictions is None:
+            raise RuntimeError(f"{eval_dir} wrote no predictions")
+        answers.append((steps, predictions))
+        previous = run_dir
+    return answers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
@@ -248,23 +272,10 @@ def main() -> None:
             if folder == "grpo-tool":
                 extra["requests"].append(last(metrics, "val/requests_per_answer"))
                 extra["frames"].append(last(metrics, "val/frames_per_answer"))
-        previous = out / f"seed{seed}" / "grpo-tool"
-        for steps in args.longer_grpo:
-            run_dir = out / f"seed{seed}" / f"grpo-tool-{steps}"
-            config = stage_config(
-                "grpo_tool.yaml", run_dir, previous.parent / "sft-tool" / "hf", data, seed, steps
-            )
-            if config["model"]["init_args"].get("lr_schedule", "constant") != "constant":
-                sys.exit("--longer-grpo continues a run: its learning rate must be constant")
-            trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
-            eval_dir, evaluated = evaluate(run_dir, data)
-            seconds.setdefault(f"tool GRPO to {steps} training", []).append(trained)
-            seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(evaluated)
-            predictions = last_predictions(eval_dir)
-            if predictions is None:
-                raise RuntimeError(f"{eval_dir} wrote no predictions")
-            longer.setdefault(steps, []).append(predictions)
-            previous = run_dir
+                # The continuations come next, before the dense baseline: the tool path of a seed
+                # is then whole while its dense SFT (the longest stage) still runs.
+                for steps, predictions in continue_grpo(run_dir, data, seed, args.longer_grpo, seconds):
+                    longer.setdefault(steps, []).append(predictions)
 
     def row(label: str, values: list[float]) -> list[str]:
         return [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
