@@ -126,14 +126,15 @@ def last(metrics: Path, name: str) -> float:
     return values[-1] if values else float("nan")
 
 
-def paired_line(label: str, base: list[dict[str, bool]], new: list[dict[str, bool]]) -> str:
-    """Exact McNemar per seed and pooled (questions keyed by seed and id)."""
+def paired_line(label: str, seeds: list[int], base: list[dict[str, bool]], new: list[dict[str, bool]]) -> str:
+    """Exact McNemar per seed and pooled (questions keyed by seed and id); ``base[i]`` and
+    ``new[i]`` are the answers of seed ``seeds[i]``, named by that number, not by its place."""
     parts = []
-    for seed_index, (b, n) in enumerate(zip(base, new, strict=True)):
+    for seed, b, n in zip(seeds, base, new, strict=True):
         test = paired_comparison(b, n)
-        parts.append(f"seed {seed_index}: {test.change:+.1%} (p = {test.p_value:.3g})")
-    pooled_base = {f"{i}/{k}": v for i, b in enumerate(base) for k, v in b.items()}
-    pooled_new = {f"{i}/{k}": v for i, n in enumerate(new) for k, v in n.items()}
+        parts.append(f"seed {seed}: {test.change:+.1%} (p = {test.p_value:.3g})")
+    pooled_base = {f"{seed}/{k}": v for seed, b in zip(seeds, base, strict=True) for k, v in b.items()}
+    pooled_new = {f"{seed}/{k}": v for seed, n in zip(seeds, new, strict=True) for k, v in n.items()}
     pooled = paired_comparison(pooled_base, pooled_new)
     return (
         f"- {label}: pooled over seeds {pooled.change:+.1%} on {pooled.questions} answers "
@@ -157,7 +158,9 @@ def on_split(answers: list[dict[str, bool]], split: str) -> list[dict[str, bool]
     return kept
 
 
-def longer_grpo_report(first: int, sft: list[dict[str, bool]], grpo: dict[int, list[dict[str, bool]]]) -> str:
+def longer_grpo_report(
+    first: int, seeds: list[int], sft: list[dict[str, bool]], grpo: dict[int, list[dict[str, bool]]]
+) -> str:
     """Each GRPO length's accuracy per split, the length with the best validation accuracy
     (pooled over seeds; the shorter on a tie), and that length against its SFT start on the test
     split, which played no part in the choice."""
@@ -174,6 +177,7 @@ def longer_grpo_report(first: int, sft: list[dict[str, bool]], grpo: dict[int, l
     chosen = max(sorted(grpo), key=lambda steps: accuracy(on_split(grpo[steps], "val")))
     test = paired_line(
         f"tool GRPO, {chosen} steps (chosen on validation) vs tool SFT, test split",
+        seeds,
         on_split(sft, "test"),
         on_split(grpo[chosen], "test"),
     )
@@ -291,13 +295,16 @@ def main() -> None:
     steps = f"{args.sft_steps} SFT / {args.grpo_steps} GRPO steps"
     print(f"\nzoom task, seeds {args.seeds}, {steps}, held-out questions")
     print(markdown(["setting", "accuracy", "per seed"], rows))
-    print(paired_line("tool GRPO vs tool SFT", answers["tool SFT"], answers["tool GRPO"]))
+    print(paired_line("tool GRPO vs tool SFT", args.seeds, answers["tool SFT"], answers["tool GRPO"]))
     dense = answers["dense SFT, 256 frames"]
-    print(paired_line("tool GRPO vs dense SFT (256 frames)", dense, answers["tool GRPO"]))
+    print(paired_line("tool GRPO vs dense SFT (256 frames)", args.seeds, dense, answers["tool GRPO"]))
     if longer:
         print(
             longer_grpo_report(
-                args.grpo_steps, answers["tool SFT"], {args.grpo_steps: answers["tool GRPO"], **longer}
+                args.grpo_steps,
+                args.seeds,
+                answers["tool SFT"],
+                {args.grpo_steps: answers["tool GRPO"], **longer},
             )
         )
     print(

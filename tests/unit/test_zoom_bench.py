@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import grpo_runs
-from bench.zoom import longer_grpo_report
+from bench.zoom import longer_grpo_report, paired_line
 
 
 def answers(val: list[bool], test: list[bool]) -> dict[str, bool]:
@@ -34,7 +34,7 @@ def test_the_length_is_chosen_on_validation_and_judged_on_test_alone() -> None:
             answers([True] * 7 + [False] * 3, [True] * 10),
         ],
     }
-    report = longer_grpo_report(200, sft, grpo)
+    report = longer_grpo_report(200, [0, 1], sft, grpo)
     assert "| 300 steps | 0.750 | 0.450 |" in report
     assert "| 400 steps | 0.650 | 1.000 |" in report
     assert "| SFT start | 0.500 | 0.200 |" in report
@@ -44,14 +44,28 @@ def test_the_length_is_chosen_on_validation_and_judged_on_test_alone() -> None:
 
 def test_a_tie_on_validation_goes_to_the_shorter_run() -> None:
     same = [answers([True, False], [False, False])]
-    report = longer_grpo_report(200, same, {200: same, 300: same})
+    report = longer_grpo_report(200, [0], same, {200: same, 300: same})
     assert "tool GRPO, 200 steps (chosen on validation)" in report
 
 
 def test_questions_without_a_split_in_their_ids_are_refused() -> None:
     other = [{"videomme-001": True, "q2": False}]
     with pytest.raises(ValueError, match="no val questions"):
-        longer_grpo_report(200, other, {200: other})
+        longer_grpo_report(200, [0], other, {200: other})
+
+
+def test_per_seed_results_are_named_by_the_seed_number_not_its_place() -> None:
+    """``--seeds 1 0`` lists seed 1's answers first: its gain (+2 of 2) is printed as seed 1's,
+    seed 0's (none) as seed 0's. The pooled count keeps the two seeds' same-named questions
+    apart: 4 questions, not 2."""
+    seed1_start, seed1_after = {"q1": False, "q2": False}, {"q1": True, "q2": True}
+    seed0_both = {"q1": True, "q2": False}
+    line = paired_line("GRPO vs SFT", [1, 0], [seed1_start, seed0_both], [seed1_after, seed0_both])
+    assert "seed 1: +100.0% (p = 0.5)" in line
+    assert "seed 0: +0.0% (p = 1)" in line
+    assert "+50.0% on 4 answers (2 right only in the first, 0 only in the second)" in line
+    with pytest.raises(ValueError):
+        paired_line("GRPO vs SFT", [1], [seed1_start, seed0_both], [seed1_after, seed0_both])
 
 
 def test_a_continued_run_starts_from_the_given_checkpoint_once(
