@@ -65,7 +65,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         description=(
             "Accuracy against the frames a model saw per answer: a tool-use evaluation gives one point "
             "(val/frames_per_answer: the overview plus the frames served), a frame-count sweep one "
-            "point per count (val/frames_N/accuracy)."
+            "point per count (val/frames_N/accuracy). Points of different runs at one frame count are "
+            "drawn side by side; the table gives the exact counts."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -491,6 +492,35 @@ def mean_points(name: str, runs: list[list[Point]]) -> list[tuple[Point, list[fl
     return averaged
 
 
+def spread_sideways(series_frames: list[list[float]], step: float = 0.06) -> list[list[float]]:
+    """Where points of different series sit at (nearly) one frame count, their plotted x is
+    spread by factors of ``2 ** step`` around it, in series order, so that no point hides
+    another (tool-use runs all see ~32 frames); the table keeps the true counts.
+
+    >>> spread_sideways([[32.0], [32.0], [16.0, 256.0]], step=1.0)
+    [[22.627416997969522], [45.254833995939045], [16.0, 256.0]]
+    >>> spread_sideways([[32.0, 33.0], [64.0]])  # close points of one series stay where they are
+    [[32.0, 33.0], [64.0]]
+    """
+    placed = [list(frames) for frames in series_frames]
+    points = sorted(
+        (math.log2(x), i, j) for i, frames in enumerate(series_frames) for j, x in enumerate(frames)
+    )
+    clusters: list[list[tuple[float, int, int]]] = []
+    for point in points:
+        if clusters and point[0] - clusters[-1][-1][0] < step:
+            clusters[-1].append(point)
+        else:
+            clusters.append([point])
+    for cluster in clusters:
+        if len({i for _, i, _ in cluster}) < 2:
+            continue
+        centre = sum(log_x for log_x, _, _ in cluster) / len(cluster)
+        for rank, (_, i, j) in enumerate(sorted(cluster, key=lambda point: point[1])):
+            placed[i][j] = 2 ** (centre + step * (rank - (len(cluster) - 1) / 2))
+    return placed
+
+
 def run_frames(args: argparse.Namespace) -> None:
     import matplotlib
 
@@ -510,9 +540,10 @@ def run_frames(args: argparse.Namespace) -> None:
         series.setdefault(name, []).append(points)
     figure, axis = plt.subplots(figsize=(6, 4))
     rows = []
-    for name, runs in series.items():
-        averaged = mean_points(name, runs)
-        frames = [f for (f, _, _), _ in averaged]
+    averages = {name: mean_points(name, runs) for name, runs in series.items()}
+    plotted = spread_sideways([[f for (f, _, _), _ in averaged] for averaged in averages.values()])
+    for (name, averaged), frames in zip(averages.items(), plotted, strict=True):
+        runs = series[name]
         accuracy = [a for (_, a, _), _ in averaged]
         below = [a - min(each) for (_, a, _), each in averaged]
         above = [max(each) - a for (_, a, _), each in averaged]
