@@ -3,7 +3,9 @@ rows with tool video segments equal to the model's own forward from pixels."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,6 +51,37 @@ def test_a_segment_is_positioned_by_its_frames_true_spacing() -> None:
     assert segment[0].tolist() == [13, 13, 13, 13, 16, 16, 16, 16]
     assert segment[1].tolist() == [13, 13, 14, 14] * 2 and segment[2].tolist() == [13, 14] * 4
     assert positions[:, 24:].tolist() == [[17, 18, 19]] * 3
+
+
+class OnAnotherDevice(torch.Tensor):
+    """A tensor as if on an accelerator, for a machine without one: mixing it with CPU tensors
+    fails as CUDA does, and ``.cpu()`` returns it as a plain CPU tensor."""
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Callable[..., Any], types: tuple, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is torch.Tensor.cpu:
+                return func(*args, **(kwargs or {})).as_subclass(torch.Tensor)
+            if func is torch.Tensor.reshape:  # stays where it is
+                return func(*args, **(kwargs or {})).as_subclass(cls)
+            if func is torch.Tensor.__repr__:
+                return func(*args, **(kwargs or {}))
+        raise RuntimeError(f"Expected all tensors to be on the same device ({func.__name__})")
+
+
+def test_positions_are_computed_on_the_cpu_whatever_device_the_prompts_grid_is_on() -> None:
+    """The prompt's grid comes with its batch (on the GPU in training), a reply's from the
+    processor (on the CPU): positions stack both, so they are taken to the CPU first (this failed
+    on CUDA with 'Expected all tensors to be on the same device')."""
+    expected = hand_made_episode().positions(RULE)
+    episode = hand_made_episode()
+    episode.prompt.video_grid_thw = episode.prompt.video_grid_thw.as_subclass(OnAnotherDevice)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.stack([episode.prompt.video_grid_thw, torch.tensor([2, 4, 4])])
+    positions = episode.positions(RULE)
+    assert type(positions) is torch.Tensor and torch.equal(positions, expected)
 
 
 def test_the_episode_keeps_what_was_sampled_and_the_engines_form() -> None:
