@@ -85,6 +85,21 @@ def rank0_weights(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return model.state_dict() if dist.get_rank() == 0 else {}
 
 
+def fused_adamw(device_types: set[str]) -> bool | None:
+    """AdamW's fused kernel for parameters all on CUDA, else torch's default.
+
+    On CUDA the default multi-tensor (foreach) step builds one temporary as large as all of the
+    second moments (their square roots) before it divides: measured on an H200 at
+    Qwen2.5-VL-3B's widths (FSDP2 over one GPU, fp32 master weights) it was the run's peak,
+    64.6 GiB against 53.2 GiB held by weights, states and gradients. The fused kernel updates
+    in place. CPU runs keep the default (a temporary per tensor), so their numbers are unchanged.
+
+    >>> fused_adamw({"cuda"}), fused_adamw({"cpu"}), fused_adamw({"cuda", "cpu"}), fused_adamw(set())
+    (True, None, None, None)
+    """
+    return True if device_types == {"cuda"} else None
+
+
 class VLMModule(L.LightningModule):
     """Base LightningModule around a Hugging Face vision-language model directory.
 
@@ -374,6 +389,7 @@ class VLMModule(L.LightningModule):
             lr=self.hparams.learning_rate,
             betas=tuple(self.hparams.betas),
             weight_decay=self.hparams.weight_decay,
+            fused=fused_adamw({p.device.type for p in params}),
         )
         warmup = max(0, self.hparams.warmup_steps)
 
