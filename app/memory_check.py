@@ -36,6 +36,7 @@ from parallel.memory_plan import (
 SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
 ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
 VLLM_ENGINE = "rollout.vllm_engine.VLLMEngine"
+TRANSFORMERS_ENGINE = "rollout.hf_engine.TransformersEngine"
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "strategy": {
@@ -145,6 +146,7 @@ def run_settings(
     rollout = next((c for c in trainer.get("callbacks") or [] if _class_path(c) == ROLLOUT_CALLBACK), None)
     rollout_args = {**DEFAULTS["rollout"], **_init_args(rollout)}
     engine = _engine_settings(rollout_args.get("engine")) if kind == "grpo" else None
+    policy_generates = kind == "grpo" and _class_path(rollout_args.get("engine")) == TRANSFORMERS_ENGINE
     max_prompt = data_args["max_prompt_tokens"]
     text = text_tokens if text_tokens is not None else (max_prompt or UNBOUNDED_TEXT_TOKENS)
     if kind == "grpo":
@@ -188,6 +190,7 @@ def run_settings(
         # The sharded strategy keeps a frozen tower in the compute dtype (models.vlm_module.shard).
         frozen_vision_dtype=layout["param_dtype"] if "sequence_parallel_size" in layout else None,
         engine=engine,
+        policy_generates=policy_generates,
         **layout,
     )
 

@@ -37,7 +37,8 @@ Read from the config (a key left out takes its class's default):
   trainer.callbacks RolloutCallback (GRPO): num_generations (G), max_new_tokens (the completion
     length), engine rollout.vllm_engine.VLLMEngine init_args dtype, gpu_memory_utilization (the
     share vLLM reserves), max_model_len, max_num_seqs, enable_sleep_mode (vLLM releases its
-    memory while the trainer trains).
+    memory while the trainer trains); or rollout.hf_engine.TransformersEngine (sampling with the
+    policy: under FSDP2 the whole model gathered in the compute dtype, and one prompt's KV cache).
 The plan, per GPU and per phase of a step (rollout: vLLM awake, the video encoded; weight sync:
 one full parameter streamed to vLLM; training at the output head: logits and their gradients;
 training through the blocks: one block's recomputed working set): sharded master parameters,

@@ -196,6 +196,30 @@ def test_lines_by_hand() -> None:
     assert plan.engine.reserved == 0.4 * 80 * GIB
 
 
+def test_sampling_with_the_policy_gathers_it_and_holds_a_kv_cache() -> None:
+    """The transformers engine samples with the policy: under FSDP2 every unit is gathered for it
+    (a whole bf16 copy on each rank, whatever the world), and one prompt's 8 samples hold their
+    keys and values; both in the rollout phase only. A replicated policy needs no copy; vLLM
+    (its own reserved share) neither."""
+    arch = published_architecture("qwen2.5-vl-3b")
+    run = grpo_settings(engine=None, policy_generates=True, sequence_parallel_size=1)
+    plan = plan_memory(arch, run, Device("cuda", 80 * GIB))
+    row = plan.tokens.prompt + 1024
+    kv = 8 * row * 36 * 2 * (2 * 128) * 2  # 36 layers, keys and values, 2 KV heads x 128, bf16
+    gathered = arch.text.parameters() * 2
+    assert line(plan, "policy gathered for generation") == gathered
+    assert line(plan, "generation KV cache") == kv
+    without = plan_memory(arch, replace(run, policy_generates=False), Device("cuda", 80 * GIB))
+    assert plan.phase_totals["rollout"] - without.phase_totals["rollout"] == pytest.approx(gathered + kv)
+    for phase in ("head", "layers"):
+        assert plan.phase_totals[phase] == without.phase_totals[phase]
+    replicated = plan_memory(arch, replace(run, sharding="replicated"), Device("cuda", 80 * GIB))
+    assert not any(item.name.startswith("policy gathered") for item in replicated.lines)
+    assert line(replicated, "generation KV cache") == kv
+    vllm = plan_memory(arch, grpo_settings(sequence_parallel_size=1), Device("cuda", 80 * GIB))
+    assert not any(item.name.startswith(("policy gathered", "generation KV")) for item in vllm.lines)
+
+
 def test_sharding_divides_by_the_world() -> None:
     arch = published_architecture("qwen2.5-vl-7b")
     one = plan_memory(
@@ -320,6 +344,12 @@ def test_run_settings_of_a_real_config() -> None:
     assert run.master_dtype == "float32" and run.param_dtype == "bfloat16" and run.sharding == "full"
     assert run.engine is not None and run.engine.dtype == "bfloat16"
     assert run_settings(config, gpus=4, nodes=2).world_size == 8
+    assert not run.policy_generates
+    config["trainer"]["callbacks"][0]["init_args"]["engine"] = {
+        "class_path": "rollout.hf_engine.TransformersEngine"
+    }
+    run = run_settings(config)
+    assert run.engine is None and run.policy_generates
 
 
 def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
