@@ -19,12 +19,14 @@ baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
        [--family qwen3_vl] [--sft-steps 600] [--grpo-steps 200] [--longer-grpo 300 400]
+       [--grpo-set data.init_args.batch_size=16 ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,6 +49,7 @@ from bench.grpo_runs import (
 
 CONFIGS = REPO / "configs" / "zoom"
 CHECKPOINT_EVERY = 50
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 STAGES = (  # in running order: GRPO starts from the tool SFT export
     ("tool SFT", "sft-tool", "sft_tool.yaml"),
     ("tool GRPO", "grpo-tool", "grpo_tool.yaml"),
@@ -72,6 +75,35 @@ def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, st
     config["data"]["init_args"].update(
         train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar", seed=seed
     )
+    return config
+
+
+def with_settings(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:
+    """``config`` with each ``dotted.key=VALUE`` of ``settings`` set (VALUE read as YAML). Every
+    key but the last must name a mapping already there, so a misspelt section is an error here;
+    a misspelt last key is refused by the CLI when the stage starts.
+
+    >>> with_settings({"model": {"init_args": {"learning_rate": 3e-5}}},
+    ...               ["model.init_args.learning_rate=5e-5", "model.init_args.micro_batch_rows=64"])
+    {'model': {'init_args': {'learning_rate': 5e-05, 'micro_batch_rows': 64}}}
+    >>> with_settings({"model": {}}, ["modle.init_args.learning_rate=1"])
+    Traceback (most recent call last):
+    ...
+    ValueError: modle.init_args.learning_rate=1: the config has no mapping 'modle'
+    """
+    for setting in settings:
+        key, separator, value = setting.partition("=")
+        if not separator or not key:
+            raise ValueError(f"{setting!r}: expected dotted.key=VALUE")
+        *sections, leaf = key.split(".")
+        node = config
+        for section in sections:
+            if not isinstance(node.get(section), dict):
+                raise ValueError(f"{setting}: the config has no mapping {section!r}")
+            node = node[section]
+        parsed = yaml.safe_load(value)
+        # PyYAML reads YAML 1.1, where 5e-5 (no dot) is a string; a learning rate is meant.
+        node[leaf] = float(parsed) if isinstance(parsed, str) and SCIENTIFIC.fullmatch(parsed) else parsed
     return config
 
 
@@ -187,15 +219,22 @@ def longer_grpo_report(
 
 
 def continue_grpo(
-    first: Path, data: str, seed: int, lengths: list[int], seconds: dict[str, list[float]]
+    first: Path,
+    data: str,
+    seed: int,
+    lengths: list[int],
+    seconds: dict[str, list[float]],
+    settings: list[str] | None = None,
 ) -> list[tuple[int, dict[str, bool]]]:
     """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
-    it, each from the one before's last checkpoint), each evaluated: its held-out answers."""
+    it, each from the one before's last checkpoint, with the same ``settings`` as the first:
+    :func:`with_settings`), each evaluated: its held-out answers."""
     answers = []
     previous = first
     for steps in lengths:
         run_dir = first.parent / f"grpo-tool-{steps}"
         config = stage_config("grpo_tool.yaml", run_dir, first.parent / "sft-tool" / "hf", data, seed, steps)
+        config = with_settings(config, settings or [])
         if config["model"]["init_args"].get("lr_schedule", "constant") != "constant":
             sys.exit("--longer-grpo continues a run: its learning rate must be constant")
         trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
@@ -227,6 +266,14 @@ def main() -> None:
         help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: README)",
     )
     parser.add_argument("--grpo-steps", type=int, default=200)
+    parser.add_argument(
+        "--grpo-set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the tool GRPO's recipe (grpo_tool.yaml; the SFT configs stay as they are), e.g. "
+        "data.init_args.batch_size=16; give each recipe its own --out: a finished stage is not run again",
+    )
     parser.add_argument(
         "--longer-grpo",
         type=int,
@@ -260,7 +307,10 @@ def main() -> None:
             run_dir = out / f"seed{seed}" / folder
             start = run_dir.parent / "sft-tool" / "hf" if folder == "grpo-tool" else model
             steps = args.grpo_steps if folder == "grpo-tool" else args.sft_steps
-            trained = train(run_dir, stage_config(config_name, run_dir, start, data, seed, steps))
+            config = stage_config(config_name, run_dir, start, data, seed, steps)
+            if folder == "grpo-tool":
+                config = with_settings(config, args.grpo_set)
+            trained = train(run_dir, config)
             eval_dir, evaluated = evaluate(run_dir, data)
             seconds.setdefault(f"{label} training", []).append(trained)
             seconds.setdefault(f"{label} evaluation", []).append(evaluated)
@@ -278,7 +328,9 @@ def main() -> None:
                 extra["frames"].append(last(metrics, "val/frames_per_answer"))
                 # The continuations come next, before the dense baseline: the tool path of a seed
                 # is then whole while its dense SFT (the longest stage) still runs.
-                for steps, predictions in continue_grpo(run_dir, data, seed, args.longer_grpo, seconds):
+                for steps, predictions in continue_grpo(
+                    run_dir, data, seed, args.longer_grpo, seconds, args.grpo_set
+                ):
                     longer.setdefault(steps, []).append(predictions)
 
     def row(label: str, values: list[float]) -> list[str]:

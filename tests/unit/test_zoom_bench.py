@@ -1,5 +1,6 @@
-"""bench/zoom.py's longer GRPO runs: each continues the one before from its checkpoint, and the
-length is chosen on the validation split and judged on the test split alone."""
+"""bench/zoom.py's longer GRPO runs: each continues the one before from its checkpoint, with the
+recipe's changes of the first, and the length is chosen on the validation split and judged on the
+test split alone."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import grpo_runs
-from bench.zoom import longer_grpo_report, paired_line
+from bench import grpo_runs, zoom
+from bench.zoom import longer_grpo_report, paired_line, with_settings
 
 
 def answers(val: list[bool], test: list[bool]) -> dict[str, bool]:
@@ -83,3 +84,53 @@ def test_a_continued_run_starts_from_the_given_checkpoint_once(
     grpo_runs.fit_or_resume(run_dir, continuing=shorter)
     config = ["fit", "--config", str(run_dir / "config.yaml")]
     assert calls == [[*config, "--ckpt_path", str(shorter)], [*config, "--ckpt_path", "last"]]
+
+
+def test_recipe_settings_are_read_as_yaml_into_sections_that_exist() -> None:
+    config = {"model": {"init_args": {"learning_rate": 3e-5, "kl_kind": "k3"}}, "data": {"init_args": {}}}
+    settings = [
+        "model.init_args.learning_rate=5e-5",  # a string to PyYAML (YAML 1.1): meant as a number
+        "model.init_args.kl_kind=k2",
+        "data.init_args.batch_size=16",
+        "model.init_args.rollout_correction={mode: mask, upper: 2.0}",
+    ]
+    changed = with_settings(config, settings)
+    init_args = changed["model"]["init_args"]
+    assert init_args["learning_rate"] == 5e-5 and isinstance(init_args["learning_rate"], float)
+    assert init_args["kl_kind"] == "k2"
+    assert init_args["rollout_correction"] == {"mode": "mask", "upper": 2.0}
+    assert changed["data"]["init_args"]["batch_size"] == 16
+    with pytest.raises(ValueError, match="no mapping 'modle'"):
+        with_settings(config, ["modle.init_args.learning_rate=1e-4"])
+    with pytest.raises(ValueError, match="no mapping 'kl_kind'"):  # a value is not a section
+        with_settings(config, ["model.init_args.kl_kind.inner=1"])
+    with pytest.raises(ValueError, match=r"expected dotted\.key=VALUE"):
+        with_settings(config, ["model.init_args.learning_rate"])
+
+
+def test_each_continuation_trains_with_the_first_runs_recipe_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 300- and 400-step runs continue the changed recipe, not the config file's own."""
+    trained: list[tuple[Path, dict, Path | None]] = []
+    monkeypatch.setattr(
+        zoom,
+        "train",
+        lambda run_dir, config, continuing=None: trained.append((run_dir, config, continuing)) or 1.0,
+    )
+    monkeypatch.setattr(
+        zoom, "evaluate", lambda run_dir, data: (run_dir.parent / f"{run_dir.name}-eval", 1.0)
+    )
+    monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {"synth-val-000000": True})
+    first = tmp_path / "seed1" / "grpo-tool"
+    settings = ["data.init_args.batch_size=16", "model.init_args.learning_rate=5e-5"]
+    zoom.continue_grpo(first, "data/zoom", 1, [300, 400], {}, settings)
+    assert [run_dir.name for run_dir, _, _ in trained] == ["grpo-tool-300", "grpo-tool-400"]
+    assert [continuing for _, _, continuing in trained] == [
+        first / "checkpoints" / "last.ckpt",
+        tmp_path / "seed1" / "grpo-tool-300" / "checkpoints" / "last.ckpt",
+    ]
+    for _, config, _ in trained:
+        assert config["data"]["init_args"]["batch_size"] == 16
+        assert config["model"]["init_args"]["learning_rate"] == 5e-5
+        assert config["model"]["init_args"]["model_path"] == str(tmp_path / "seed1" / "sft-tool" / "hf")
