@@ -78,12 +78,10 @@ from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from core.layout import PromptLayout, ScoringBatch
 from datamodules.prompts import encode_video_prompt
 from datamodules.rows import QARow
-from models.build import PRESETS, build_model, count_parameters, default_dtype
+from models.build import PRESETS, build_model, count_parameters
 from models.families import ModelFamily, family_of
 from models.logprobs import completion_logprobs
-from models.presets import family_recipe
-from models.presets.qwen3_vl import make_processor, text_config, vision_config, vision_token_ids
-from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
+from models.published import QWEN3_VL_PUBLISHED, build_published
 from models.vision import encode_videos, vision_tower
 from rollout.base import RolloutRequest, SamplingConfig
 from rollout.episodes import EpisodeVideo, FrameTool, run_episodes
@@ -93,57 +91,8 @@ from rollout.scripted import ScriptedEngine
 T = TypeVar("T")
 FAMILY = "qwen3_vl"
 GIB = 1024**3
-INIT_STD = 0.02
-"""Standard deviation of the real-width models' random weights (transformers' own init)."""
-
-# The published config.json of Qwen/Qwen3-VL-2B-Instruct / -4B-Instruct (numbers only).
-_VISION = {
-    "depth": 24,
-    "hidden_size": 1024,
-    "intermediate_size": 4096,
-    "num_heads": 16,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
-    "deepstack_visual_indexes": [5, 11, 17],
-    "num_position_embeddings": 2304,
-}
-_ROPE = {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
-PUBLISHED: dict[str, dict[str, Any]] = {
-    "qwen3-vl-2b": {
-        "text": {
-            "vocab_size": 151936,
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "rope_parameters": _ROPE,
-        },
-        "vision": {**_VISION, "out_hidden_size": 2048},
-        "tie_word_embeddings": True,
-    },
-    "qwen3-vl-4b": {
-        "text": {
-            "vocab_size": 151936,
-            "hidden_size": 2560,
-            "intermediate_size": 9728,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "rope_parameters": _ROPE,
-        },
-        "vision": {**_VISION, "out_hidden_size": 2560},
-        "tie_word_embeddings": True,
-    },
-}
-
-TOKENIZER_VOCAB = PRESETS["small"].vocab_size
-"""The real-width models' tokenizer: lvrl's local one (the vocabulary size only sets the
-embedding and LM head, which take the published 151,936); its texts take more tokens than
-Qwen's, a few hundred in a prompt of thousands of video tokens."""
+# The real-width models (models.published): their tokenizer is lvrl's local one; its texts take
+# more tokens than Qwen's, a few hundred in a prompt of thousands of video tokens.
 MAX_POSITIONS = 262144
 """A bound above the longest case (a 512-frame prompt is ~50k tokens): the default RoPE reads no
 table, so the number is only a limit."""
@@ -165,7 +114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Trainer-side cost of dense frames vs frames on request (see the module docstring)."
     )
-    parser.add_argument("--model", choices=[*PUBLISHED, *PRESETS], default="qwen3-vl-2b")
+    parser.add_argument("--model", choices=[*QWEN3_VL_PUBLISHED, *PRESETS], default="qwen3-vl-2b")
     parser.add_argument(
         "--dense", type=int, nargs="+", default=[64, 256, 512], help="frames of each dense case"
     )
@@ -222,7 +171,7 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, Any]:
     the vision tower frozen and (unless told not to) gradient checkpointing, as
     ``VLMModule.configure_model`` leaves the policy."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    if args.model in PUBLISHED:
+    if args.model in QWEN3_VL_PUBLISHED:
         model, processor = build_published(args.model, device, dtype, args.seed)
     else:
         # `lvrl model build --family qwen3_vl --preset NAME`'s model, in memory.
@@ -237,51 +186,6 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, Any]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     processor.tokenizer.model_max_length = MAX_POSITIONS  # no length warnings for long prompts
     return model, processor
-
-
-def published_config(name: str, token_ids: dict[str, int], dtype: torch.dtype) -> Any:
-    """The Qwen3-VL config of ``name``'s published widths: the preset module's text and vision
-    fields (token ids, norms, geometry) with the published numbers over them.
-
-    ``make_config`` itself cannot take them: it derives head_dim as hidden / heads, and the
-    4B model's 2560 / 32 = 80 is not its published 128.
-    """
-    from transformers import Qwen3VLConfig
-
-    spec, base = PUBLISHED[name], PRESETS["small"]
-    text = {**text_config(base, token_ids), **spec["text"], "max_position_embeddings": MAX_POSITIONS}
-    vision = {**vision_config(base), **spec["vision"], "initializer_range": INIT_STD}
-    config = Qwen3VLConfig(
-        text_config={**text, "initializer_range": INIT_STD, "dtype": str(dtype).removeprefix("torch.")},
-        vision_config=vision,
-        **vision_token_ids(token_ids),
-        tie_word_embeddings=spec["tie_word_embeddings"],
-    )
-    for part, values in (("text_config", spec["text"]), ("vision_config", spec["vision"])):
-        for key, value in values.items():
-            if getattr(getattr(config, part), key) != value:
-                raise AssertionError(
-                    f"{part}.{key} is {getattr(getattr(config, part), key)}, published {value}"
-                )
-    return config
-
-
-def build_published(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
-    """A random-weight model of ``name``'s published widths, made directly on ``device`` in
-    ``dtype`` by transformers' own init (a normal_ per tensor there, seeded by ``seed``). The
-    presets' path would build 4B on the CPU in float32 (~18 GB of host memory) and redraw every
-    weight with ``models.build.init_weights`` (175M values a second on one core: ~25 s more).
-    With lvrl's local tokenizer and Qwen3-VL's processor."""
-    import transformers
-
-    recipe = family_recipe(FAMILY)
-    tokenizer = train_tokenizer(TOKENIZER_VOCAB)
-    tokenizer.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
-    config = published_config(name, special_token_ids(tokenizer), dtype)
-    torch.manual_seed(seed)
-    with torch.device(device), default_dtype(dtype):
-        model = getattr(transformers, recipe.model_class)(config)
-    return model, make_processor(tokenizer)
 
 
 def language_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:

@@ -212,9 +212,6 @@ def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed:
     ``seed``, generating until the end of the assistant turn; in eval mode, float32, on the CPU."""
     import torch
     import transformers
-    from transformers import GenerationConfig
-
-    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
 
     model_class = getattr(transformers, FAMILIES[config.model_type].model_class)
     # Construct on the meta device would skip allocation, but init_weights overwrites every
@@ -222,14 +219,23 @@ def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed:
     with default_dtype(torch.float32):
         model = model_class(config)
     init_weights(model, init_std, seed)
-    model.generation_config = GenerationConfig(
+    model.generation_config = generation_config(config, tokenizer)
+    return model.eval()
+
+
+def generation_config(config: PretrainedConfig, tokenizer: Any) -> Any:
+    """Greedy generation that stops at the end of the assistant turn, or at a bare end-of-text,
+    like Qwen's Instruct models."""
+    from transformers import GenerationConfig
+
+    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
+
+    return GenerationConfig(
         bos_token_id=config.text_config.bos_token_id,
-        # Stop at the end of the assistant turn, or at a bare end-of-text, like Qwen's Instruct models.
         eos_token_id=[tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)],
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
     )
-    return model.eval()
 
 
 @contextlib.contextmanager

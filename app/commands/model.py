@@ -2,8 +2,9 @@
 
 ``lvrl model build --preset tiny --out runs/models/tiny`` writes a Qwen2.5-VL directory (config,
 seeded weights, tokenizer, chat template and processor); ``--family qwen2_vl | qwen3_vl |
-qwen3_vl_moe`` builds another family at the same sizes. The directory loads in transformers and
-in vLLM.
+qwen3_vl_moe`` builds another family at the same sizes. ``--published qwen2.5-vl-7b`` builds a
+real checkpoint's architecture instead (random weights, for memory and speed at real width:
+:mod:`models.published`). The directory loads in transformers and in vLLM.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``model`` sub-commands to ``parser``."""
     from models.build import PRESETS  # light: no torch model is built at registration
     from models.presets import DEFAULT_FAMILY, FAMILIES
+    from models.published import published_names
 
     commands = parser.add_subparsers(dest="model_command", required=True)
     presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
@@ -41,17 +43,41 @@ def register(parser: argparse.ArgumentParser) -> None:
             "Build a model directory offline: config, random float32 weights drawn from --seed, a byte-level "
             "BPE tokenizer trained on a built-in corpus (plus --corpus files), the family's chat template "
             f"and its image/video processors. Families: {families}. Presets (sizes shared by every family): "
-            f"{presets}."
+            f"{presets}. Or --published NAME: a released checkpoint's architecture with random weights "
+            "(transformers' init, made on --device in --dtype), to measure memory and speed at real width."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     build.add_argument(
         "--family",
         choices=list(FAMILIES),
-        default=DEFAULT_FAMILY,
-        help="model family (its config model_type)",
+        default=None,
+        help=f"model family (its config model_type; default {DEFAULT_FAMILY}); --published: its own",
     )
-    build.add_argument("--preset", choices=sorted(PRESETS), required=True, help="model size")
+    size = build.add_mutually_exclusive_group(required=True)
+    size.add_argument("--preset", choices=sorted(PRESETS), help="model size")
+    size.add_argument(
+        "--published",
+        choices=published_names(),
+        help="a released checkpoint's architecture (its config.json numbers), random weights",
+    )
+    build.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default=None,
+        help="--published only: the weights' dtype (default bfloat16; a preset's are float32)",
+    )
+    build.add_argument(
+        "--device",
+        default=None,
+        help="--published only: where the weights are drawn (default: cuda if available, else cpu)",
+    )
+    build.add_argument(
+        "--config-only",
+        action="store_true",
+        help="--published only: write the config, generation config and processor, no weights "
+        "(for `lvrl plan` of a config whose model_path is --out, Qwen2.5-VL; seconds, no memory)",
+    )
     build.add_argument("--out", type=Path, required=True, help="output directory")
     build.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     build.add_argument(
@@ -112,10 +138,8 @@ def run_export(args: argparse.Namespace) -> None:
     print(f"exported {args.ckpt} to {out}")
 
 
-def _check_reusable(out: Path, family: str, preset: str) -> None:
-    """Refuse ``out``'s model unless it is of ``family`` with ``preset``'s sizes."""
-    from models.build import PRESETS
-
+def _check_reusable(out: Path, family: str, sizes_wanted: tuple[int, int], size_name: str) -> None:
+    """Refuse ``out``'s model unless it is of ``family`` with ``sizes_wanted`` (hidden size, layers)."""
     try:
         config = json.loads((out / "config.json").read_text())
         built_family = config["model_type"]
@@ -130,30 +154,17 @@ def _check_reusable(out: Path, family: str, preset: str) -> None:
             f"lvrl model build: error: --reuse: {out} holds a {built_family} model, not {family}: "
             f"pass --family {built_family} or another --out"
         )
-    wanted = (PRESETS[preset].hidden_size, PRESETS[preset].num_layers)
-    if sizes != wanted:
+    if sizes != sizes_wanted:
         raise SystemExit(
             f"lvrl model build: error: --reuse: {out}'s model has hidden size {sizes[0]} and {sizes[1]} "
-            f"layers, not preset {preset}'s {wanted[0]} and {wanted[1]}: pass another --out"
+            f"layers, not {size_name}'s {sizes_wanted[0]} and {sizes_wanted[1]}: pass another --out"
         )
 
 
-def run_build(args: argparse.Namespace) -> None:
-    """Handler of ``lvrl model build``."""
-    from models.build import build_model, count_parameters, save_model_dir
-
-    out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"lvrl model build: error: --out {out} is a file, not a directory")
-    if args.reuse and (out / "config.json").is_file():
-        _check_reusable(out, args.family, args.preset)
-        print(f"kept the {args.preset} {args.family} model in {out} (--reuse)")
-        return
-    for corpus in args.corpus:
-        if not corpus.is_file():
-            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
+def _prepare_out(out: Path, force: bool) -> None:
+    """Refuse a file or (without ``force``) a non-empty folder; with it, drop old weight files."""
     if out.is_dir() and any(out.iterdir()):
-        if not args.force:
+        if not force:
             raise SystemExit(
                 f"lvrl model build: error: --out {out} is not empty; pass --force to overwrite it or choose "
                 "another --out"
@@ -161,12 +172,88 @@ def run_build(args: argparse.Namespace) -> None:
         for pattern in _WEIGHT_PATTERNS:
             for stale in out.glob(pattern):
                 stale.unlink()
+
+
+def run_build(args: argparse.Namespace) -> None:
+    """Handler of ``lvrl model build``."""
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"lvrl model build: error: --out {out} is a file, not a directory")
+    if args.published is not None:
+        _build_published(args)
+        return
+    from models.build import PRESETS, build_model, count_parameters, save_model_dir
+    from models.presets import DEFAULT_FAMILY
+
+    family = args.family or DEFAULT_FAMILY
+    for option, given in (
+        ("--dtype", args.dtype),
+        ("--device", args.device),
+        ("--config-only", args.config_only),
+    ):
+        if given:
+            raise SystemExit(
+                f"lvrl model build: error: {option} is for --published models "
+                "(a preset's weights are float32, drawn on the CPU)"
+            )
+    if args.reuse and (out / "config.json").is_file():
+        spec = PRESETS[args.preset]
+        _check_reusable(out, family, (spec.hidden_size, spec.num_layers), f"preset {args.preset}")
+        print(f"kept the {args.preset} {family} model in {out} (--reuse)")
+        return
+    for corpus in args.corpus:
+        if not corpus.is_file():
+            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
+    _prepare_out(out, args.force)
     start = time.perf_counter()
-    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus, family=args.family)
+    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus, family=family)
     save_model_dir(model, processor, out)
     counts = count_parameters(model)
     print(
-        f"built {args.preset} {args.family} in {out} ({time.perf_counter() - start:.1f} s): "
+        f"built {args.preset} {family} in {out} ({time.perf_counter() - start:.1f} s): "
         f"parameters text {counts['text']:,} / vision {counts['vision']:,} / total {counts['total']:,}; "
         f"tokenizer {len(processor.tokenizer):,} tokens, model vocab {model.config.text_config.vocab_size:,}"
+    )
+
+
+def _build_published(args: argparse.Namespace) -> None:
+    """``lvrl model build --published NAME``: a released architecture with random weights."""
+    import torch
+
+    from models.build import count_parameters, save_model_dir
+    from models.published import build_published, published_spec
+
+    family, spec = published_spec(args.published)
+    if args.family is not None and args.family != family:
+        raise SystemExit(
+            f"lvrl model build: error: --published {args.published} is a {family} model, not {args.family}"
+        )
+    for corpus in args.corpus:
+        if not corpus.is_file():
+            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
+    out: Path = args.out
+    if args.reuse and (out / "config.json").is_file():
+        sizes = (spec["text"]["hidden_size"], spec["text"]["num_hidden_layers"])
+        _check_reusable(out, family, sizes, args.published)
+        print(f"kept the {args.published} model in {out} (--reuse)")
+        return
+    _prepare_out(out, args.force)
+    device = "meta" if args.config_only else args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    start = time.perf_counter()
+    dtype = args.dtype or "bfloat16"
+    model, processor = build_published(
+        args.published, device, getattr(torch, dtype), seed=args.seed, corpus_files=args.corpus
+    )
+    if args.config_only:
+        out.mkdir(parents=True, exist_ok=True)
+        model.config.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
+        processor.save_pretrained(out)
+    else:
+        save_model_dir(model, processor, out)
+    counts = count_parameters(model)
+    written = "config and processor" if args.config_only else f"{dtype} weights drawn on {device}"
+    print(
+        f"built {args.published} ({family}) in {out} ({time.perf_counter() - start:.1f} s; {written}): "
+        f"parameters text {counts['text']:,} / vision {counts['vision']:,} / total {counts['total']:,}"
     )

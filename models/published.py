@@ -1,0 +1,185 @@
+"""Random-weight models at the published widths of real checkpoints, built offline.
+
+Nothing can be downloaded on our machines, yet memory and speed at real width are what a GPU
+run needs to know before it starts. :func:`build_published` makes a model with exactly the
+architecture of Qwen2.5-VL-3B/7B-Instruct or Qwen3-VL-2B/4B-Instruct (their ``config.json``
+numbers: :data:`models.architectures.PUBLISHED_CONFIGS` for Qwen2.5-VL, :data:`QWEN3_VL_PUBLISHED`
+here), with lvrl's local tokenizer and the family's processor, directly on a device and in a
+dtype: the presets' path (float32 on the CPU, every weight redrawn) would need ~18 GB of host
+memory for a 4B model. ``lvrl model build --published NAME`` writes one as a model directory
+(``--config-only``: config and processor alone, for ``lvrl plan``).
+
+The widths are the published ones; the vocabulary *rows* are too (151,936), though our
+tokenizer uses only its first few thousand ids, so the embedding and LM head cost what they
+cost in the real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from models.architectures import PUBLISHED_CONFIGS
+from models.build import PRESETS, default_dtype
+from models.presets import family_recipe
+from models.presets.base import qwen_text_fields, vision_token_ids
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig
+
+INIT_STD = 0.02
+"""Standard deviation of the random weights (transformers' own init, as the real configs set it)."""
+
+QWEN3_VL_VISION = {
+    "depth": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "deepstack_visual_indexes": [5, 11, 17],
+    "num_position_embeddings": 2304,
+}
+QWEN3_VL_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 5e6,
+    "mrope_section": [24, 20, 20],
+    "mrope_interleaved": True,
+}
+QWEN3_VL_MAX_POSITIONS = 262144
+
+QWEN3_VL_PUBLISHED: dict[str, dict[str, Any]] = {
+    "qwen3-vl-2b": {
+        "text": {
+            "vocab_size": 151936,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": QWEN3_VL_MAX_POSITIONS,
+            "rope_parameters": QWEN3_VL_ROPE,
+        },
+        "vision": {**QWEN3_VL_VISION, "out_hidden_size": 2048},
+        "tie_word_embeddings": True,
+    },
+    "qwen3-vl-4b": {
+        "text": {
+            "vocab_size": 151936,
+            "hidden_size": 2560,
+            "intermediate_size": 9728,
+            "num_hidden_layers": 36,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "max_position_embeddings": QWEN3_VL_MAX_POSITIONS,
+            "rope_parameters": QWEN3_VL_ROPE,
+        },
+        "vision": {**QWEN3_VL_VISION, "out_hidden_size": 2560},
+        "tie_word_embeddings": True,
+    },
+}
+"""The numbers of Qwen/Qwen3-VL-2B-Instruct's and -4B-Instruct's published ``config.json``, in
+transformers' nested layout (``text`` / ``vision``); its ``head_dim`` (128) is not hidden /
+heads, which is why these are not size presets."""
+
+
+def published_names() -> list[str]:
+    """Every model :func:`build_published` can make."""
+    return sorted([*PUBLISHED_CONFIGS, *QWEN3_VL_PUBLISHED])
+
+
+def published_spec(name: str) -> tuple[str, dict[str, Any]]:
+    """``(family, spec)`` of ``name``, the spec nested as :data:`QWEN3_VL_PUBLISHED`'s: Qwen2.5-VL's
+    flat published layout is regrouped (its ``rope_scaling`` and ``rope_theta`` become
+    ``rope_parameters``).
+
+    >>> family, spec = published_spec("qwen2.5-vl-7b")
+    >>> family, spec["text"]["hidden_size"], spec["text"]["rope_parameters"]["mrope_section"]
+    ('qwen2_5_vl', 3584, [16, 24, 24])
+    >>> published_spec("qwen9-vl")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown published model 'qwen9-vl'; built-in: qwen2.5-vl-3b, ..., qwen3-vl-4b
+    """
+    if name in QWEN3_VL_PUBLISHED:
+        return "qwen3_vl", QWEN3_VL_PUBLISHED[name]
+    if name not in PUBLISHED_CONFIGS:
+        raise ValueError(f"unknown published model {name!r}; built-in: {', '.join(published_names())}")
+    flat = PUBLISHED_CONFIGS[name]
+    grouped = {"model_type", "vision_config", "tie_word_embeddings", "rope_scaling", "rope_theta"}
+    text = {key: value for key, value in flat.items() if key not in grouped}
+    section = flat["rope_scaling"]["mrope_section"]
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": flat["rope_theta"],
+        "mrope_section": section,
+    }
+    spec = {"text": text, "vision": flat["vision_config"], "tie_word_embeddings": flat["tie_word_embeddings"]}
+    return flat["model_type"], spec
+
+
+def published_config(name: str, token_ids: dict[str, int], dtype: torch.dtype) -> PretrainedConfig:
+    """The transformers config of ``name``'s published widths with our tokenizer's special-token
+    ids; checked field by field against the published numbers (a field the config class renamed
+    or derived would otherwise be silently dropped)."""
+    import transformers
+
+    family, spec = published_spec(name)
+    config_class = getattr(transformers, family_recipe(family).model_class).config_class
+    # The small preset supplies what the widths leave open: token ids, norm epsilon.
+    text = {
+        **qwen_text_fields(PRESETS["small"], token_ids),
+        **spec["text"],
+        "initializer_range": INIT_STD,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    config = config_class(
+        text_config=text,
+        vision_config={**spec["vision"], "initializer_range": INIT_STD},
+        **vision_token_ids(token_ids),
+        tie_word_embeddings=spec["tie_word_embeddings"],
+    )
+    for part, values in (("text_config", spec["text"]), ("vision_config", spec["vision"])):
+        for key, value in values.items():
+            if key == "in_chans":  # the published spelling of the class's in_channels
+                key = "in_channels"
+            if getattr(getattr(config, part), key, None) != value:
+                raise AssertionError(
+                    f"{name}: {part}.{key} is {getattr(getattr(config, part), key, None)}, published {value}"
+                )
+    return config
+
+
+def build_published(
+    name: str,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    seed: int = 0,
+    corpus_files: Sequence[str | Path] = (),
+) -> tuple[Any, Any]:
+    """``(model, processor)``: a random-weight model of ``name``'s published widths, made
+    directly on ``device`` in ``dtype`` by transformers' own init (seeded by ``seed``; on the
+    ``meta`` device nothing is allocated), generating until the end of the assistant turn, with
+    lvrl's local tokenizer (trained on ``corpus_files`` too, as a preset's) and the family's
+    processor."""
+    import torch
+    import transformers
+
+    from models.build import generation_config, read_corpus_files
+    from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
+
+    family, _ = published_spec(name)
+    recipe = family_recipe(family)
+    tokenizer = train_tokenizer(PRESETS["small"].vocab_size, read_corpus_files(corpus_files))
+    tokenizer.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
+    config = published_config(name, special_token_ids(tokenizer), dtype)
+    torch.manual_seed(seed)
+    with torch.device(device), default_dtype(dtype):
+        model = getattr(transformers, recipe.model_class)(config)
+    model.generation_config = generation_config(config, tokenizer)
+    return model, recipe.make_processor(tokenizer)
