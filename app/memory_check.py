@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from models.architectures import (
-    PUBLISHED_CONFIGS,
     UnknownArchitecture,
     architecture_from_config,
     published_architecture,
+    published_names,
 )
 from parallel.memory_advice import combined_changes, suggestions
 from parallel.memory_plan import (
@@ -229,7 +229,7 @@ def architecture_for(config: dict[str, Any], name: str | None = None) -> Archite
         path = _init_args(config.get("model")).get("model_path")
         raise UnknownArchitecture(
             f"model.init_args.model_path {path!r} has no config.json here: pass --architecture NAME "
-            f"(built-in: {', '.join(sorted(PUBLISHED_CONFIGS))})"
+            f"(built-in: {', '.join(published_names())})"
         )
     return architecture_from_config(json.loads(file.read_text()), str(file.parent))
 

@@ -3,10 +3,10 @@
 Nothing can be downloaded on our machines, yet memory and speed at real width are what a GPU
 run needs to know before it starts. :func:`build_published` makes a model with exactly the
 architecture of Qwen2.5-VL-3B/7B-Instruct or Qwen3-VL-2B/4B-Instruct (their ``config.json``
-numbers: :data:`models.architectures.PUBLISHED_CONFIGS` for Qwen2.5-VL, :data:`QWEN3_VL_PUBLISHED`
-here), with lvrl's local tokenizer and the family's processor, directly on a device and in a
-dtype: the presets' path (float32 on the CPU, every weight redrawn) would need ~18 GB of host
-memory for a 4B model. ``lvrl model build --published NAME`` writes one as a model directory
+numbers: ``PUBLISHED_CONFIGS`` and ``QWEN3_VL_PUBLISHED`` in :mod:`models.architectures`), with
+lvrl's local tokenizer and the family's processor, directly on a device and in a dtype: the
+presets' path (float32 on the CPU, every weight redrawn) would need ~18 GB of host memory for a
+4B model. ``lvrl model build --published NAME`` writes one as a model directory
 (``--config-only``: config and processor alone, for ``lvrl plan``).
 
 The widths are the published ones; the vocabulary *rows* are too (151,936), though our
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.architectures import PUBLISHED_CONFIGS
+from models.architectures import PUBLISHED_CONFIGS, QWEN3_VL_PUBLISHED, published_names
 from models.build import PRESETS, default_dtype
 from models.presets import family_recipe
 from models.presets.base import qwen_text_fields, vision_token_ids
@@ -32,69 +32,9 @@ if TYPE_CHECKING:
 INIT_STD = 0.02
 """Standard deviation of the random weights (transformers' own init, as the real configs set it)."""
 
-QWEN3_VL_VISION = {
-    "depth": 24,
-    "hidden_size": 1024,
-    "intermediate_size": 4096,
-    "num_heads": 16,
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "spatial_merge_size": 2,
-    "deepstack_visual_indexes": [5, 11, 17],
-    "num_position_embeddings": 2304,
-}
-QWEN3_VL_ROPE = {
-    "rope_type": "default",
-    "rope_theta": 5e6,
-    "mrope_section": [24, 20, 20],
-    "mrope_interleaved": True,
-}
-QWEN3_VL_MAX_POSITIONS = 262144
-
-QWEN3_VL_PUBLISHED: dict[str, dict[str, Any]] = {
-    "qwen3-vl-2b": {
-        "text": {
-            "vocab_size": 151936,
-            "hidden_size": 2048,
-            "intermediate_size": 6144,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "max_position_embeddings": QWEN3_VL_MAX_POSITIONS,
-            "rope_parameters": QWEN3_VL_ROPE,
-        },
-        "vision": {**QWEN3_VL_VISION, "out_hidden_size": 2048},
-        "tie_word_embeddings": True,
-    },
-    "qwen3-vl-4b": {
-        "text": {
-            "vocab_size": 151936,
-            "hidden_size": 2560,
-            "intermediate_size": 9728,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "max_position_embeddings": QWEN3_VL_MAX_POSITIONS,
-            "rope_parameters": QWEN3_VL_ROPE,
-        },
-        "vision": {**QWEN3_VL_VISION, "out_hidden_size": 2560},
-        "tie_word_embeddings": True,
-    },
-}
-"""The numbers of Qwen/Qwen3-VL-2B-Instruct's and -4B-Instruct's published ``config.json``, in
-transformers' nested layout (``text`` / ``vision``); its ``head_dim`` (128) is not hidden /
-heads, which is why these are not size presets."""
-
-
-def published_names() -> list[str]:
-    """Every model :func:`build_published` can make."""
-    return sorted([*PUBLISHED_CONFIGS, *QWEN3_VL_PUBLISHED])
-
 
 def published_spec(name: str) -> tuple[str, dict[str, Any]]:
-    """``(family, spec)`` of ``name``, the spec nested as :data:`QWEN3_VL_PUBLISHED`'s: Qwen2.5-VL's
+    """``(family, spec)`` of ``name``, the spec nested as ``QWEN3_VL_PUBLISHED``'s: Qwen2.5-VL's
     flat published layout is regrouped (its ``rope_scaling`` and ``rope_theta`` become
     ``rope_parameters``).
 

@@ -17,7 +17,7 @@ What is counted (the lines of :func:`plan_memory`; the formulas are in each func
   which is kept until the next unit reduces.
 - **activations** of one micro-batch: with checkpointing, each layer's input plus one layer's
   full working set (recomputed in backward); without, every layer's saved tensors. The
-  per-token counts of a decoder layer are exact for transformers' Qwen2.5-VL layer with a
+  per-token counts of a decoder layer are exact for transformers' Qwen2.5-VL and Qwen3-VL layers with a
   flash-style attention kernel (checked against autograd's saved tensors in the tests).
   Sequence parallelism divides the tokens of the layers (not the whole-row input embeddings,
   built before the split). Logits exist only at the completion (or target) positions.
@@ -75,7 +75,8 @@ PHASES = ("rollout", "sync", "head", "layers")
 
 @dataclass(frozen=True)
 class TextModel:
-    """The language model's sizes (a Qwen2 decoder: q/k/v projections with bias, SwiGLU MLP)."""
+    """The language model's sizes (a Qwen2 decoder: q/k/v projections with bias, SwiGLU MLP; or,
+    with ``qk_norm``, a Qwen3 one)."""
 
     hidden_size: int
     num_layers: int
@@ -85,6 +86,9 @@ class TextModel:
     intermediate_size: int
     vocab_size: int
     tied_embeddings: bool
+    qk_norm: bool = False
+    """Qwen3: an RMSNorm over each head's queries and keys (``head_dim`` weights each), and no
+    q/k/v bias."""
 
     @property
     def q_dim(self) -> int:
@@ -95,9 +99,13 @@ class TextModel:
         return self.num_kv_heads * self.head_dim
 
     def layer_parameters(self) -> int:
-        """Two RMSNorms, q/k/v (with bias), o (no bias), gate/up/down (no bias)."""
+        """Two RMSNorms, q/k/v (with bias; Qwen3: without, and the q/k norms), o (no bias),
+        gate/up/down (no bias)."""
         h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
-        return 2 * h + (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * i
+        biases = 0 if self.qk_norm else q + 2 * kv
+        head_norms = 2 * self.head_dim if self.qk_norm else 0
+        attention = h * q + 2 * h * kv + biases + head_norms
+        return 2 * h + attention + q * h + 3 * h * i
 
     def embedding_parameters(self) -> int:
         return self.vocab_size * self.hidden_size
@@ -133,7 +141,10 @@ class TextModel:
 
 @dataclass(frozen=True)
 class VisionModel:
-    """The vision tower's sizes (Qwen2.5-VL's ViT: 3-D patch embedding, blocks, 2x2 patch merger)."""
+    """The vision tower's sizes (Qwen2.5-VL's ViT: 3-D patch embedding, blocks with RMSNorms and a
+    gated MLP, 2x2 patch merger; the defaults). Qwen3-VL's differs in the fields after
+    ``in_channels``: LayerNorms, a plain GELU MLP, a biased patch embedding, learned position
+    embeddings, and DeepStack mergers whose features go to the first decoder layers."""
 
     depth: int
     hidden_size: int
@@ -144,6 +155,23 @@ class VisionModel:
     temporal_patch_size: int = 2
     spatial_merge_size: int = 2
     in_channels: int = 3
+    mlp: Literal["gated", "gelu"] = "gated"
+    norm: Literal["rms", "layer"] = "rms"
+    patch_bias: bool = False
+    position_embeddings: int = 0
+    """Rows of a learned position table (Qwen3-VL: 2,304, interpolated to the grid)."""
+    deepstack_levels: int = 0
+    """Blocks whose merged features are added to the first decoder layers' hidden states, each
+    through a merger of its own (Qwen3-VL: 3); cached with the video's embedding."""
+    text_tokens_per_temporal_patch: int = 0
+    """Text the processor writes around each temporal patch (Qwen3-VL: ``<12.5 seconds>`` and the
+    vision start/end tokens)."""
+
+    @property
+    def mlp_tensors(self) -> int:
+        """Intermediate-sized tensors of one MLP forward: gate, up and their product (gated), or
+        the first projection and its activation (GELU)."""
+        return 3 if self.mlp == "gated" else 2
 
     @property
     def patch_values(self) -> int:
@@ -155,19 +183,28 @@ class VisionModel:
         """Frame pixels behind one merged visual token (28 x 28 for Qwen2.5-VL)."""
         return (self.patch_size * self.spatial_merge_size) ** 2
 
+    def norm_parameters(self, width: int) -> int:
+        return width * (1 if self.norm == "rms" else 2)  # a LayerNorm has a bias too
+
     def block_parameters(self) -> int:
-        """Two RMSNorms, fused qkv and output projections, gate/up/down: all Linear layers with bias."""
+        """Two norms, fused qkv and output projections, the MLP (gate/up/down, or two
+        projections): all Linear layers with bias."""
         h, i = self.hidden_size, self.intermediate_size
-        return 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * (h * i + i) + (i * h + h)
+        mlp = (2 if self.mlp == "gated" else 1) * (h * i + i) + (i * h + h)
+        return 2 * self.norm_parameters(h) + (h * 3 * h + 3 * h) + (h * h + h) + mlp
 
     def merger_parameters(self) -> int:
-        """RMSNorm, then an MLP over the ``merge x merge`` concatenated patches (with biases)."""
+        """A norm over each patch, then an MLP over the ``merge x merge`` concatenated patches
+        (with biases); each DeepStack merger normalises the concatenation instead."""
         h, merged = self.hidden_size, self.hidden_size * self.spatial_merge_size**2
-        return h + (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
+        mlp = (merged * merged + merged) + (merged * self.out_hidden_size + self.out_hidden_size)
+        deepstack = self.deepstack_levels * (self.norm_parameters(merged) + mlp)
+        return self.norm_parameters(h) + mlp + deepstack
 
     def parameters(self) -> int:
-        patch_embed = self.patch_values * self.hidden_size  # Conv3d without bias
-        return patch_embed + self.depth * self.block_parameters() + self.merger_parameters()
+        patch_embed = (self.patch_values + (1 if self.patch_bias else 0)) * self.hidden_size  # Conv3d
+        positions = self.position_embeddings * self.hidden_size
+        return patch_embed + positions + self.depth * self.block_parameters() + self.merger_parameters()
 
 
 @dataclass(frozen=True)
@@ -364,7 +401,10 @@ def video_tokens(vision: VisionModel, num_frames: int, max_pixels_per_frame: int
 def token_counts(arch: Architecture, run: RunSettings) -> Tokens:
     """Tokens of one step on one rank (the worst rank: the one holding the completions)."""
     video = video_tokens(arch.vision, run.num_frames, run.max_pixels_per_frame)
-    prompt = video + run.text_tokens
+    timestamps = (
+        run.num_frames // arch.vision.temporal_patch_size * arch.vision.text_tokens_per_temporal_patch
+    )
+    prompt = video + run.text_tokens + timestamps
     completion = run.completion_tokens
     sp = run.sequence_parallel_size
     if run.kind == "grpo":
@@ -394,8 +434,16 @@ def rms_norm_saved_bytes(hidden: int, compute_bytes: int) -> int:
     return 4 * hidden + 4 + 2 * compute_bytes * hidden
 
 
+def head_norm_saved_bytes(width: int, heads: int, compute_bytes: int) -> int:
+    """Per token, a Qwen3 q or k norm over ``heads`` heads of ``width`` values in all: the float32
+    input, a reciprocal root per head, the normalised values in the compute dtype (what the
+    weight multiplies). Its output goes to the rotary embedding, which saves only cos and sin."""
+    return 4 * width + 4 * heads + compute_bytes * width
+
+
 def decoder_layer_saved_bytes(text: TextModel, compute_bytes: int, run: RunSettings) -> int:
-    """Bytes autograd saves per token in one decoder layer (transformers' Qwen2.5-VL layer).
+    """Bytes autograd saves per token in one decoder layer (transformers' Qwen2.5-VL layer, or
+    Qwen3-VL's with its q/k norms: :func:`head_norm_saved_bytes`).
 
     Two RMSNorms (:func:`rms_norm_saved_bytes`); attention keeps the rotated queries and keys,
     the values, the output (which the output projection reads in place) and a float32
@@ -416,6 +464,8 @@ def decoder_layer_saved_bytes(text: TextModel, compute_bytes: int, run: RunSetti
         attention = 3 * b * q + 2 * b * kv_eff
     else:  # ring: query, repeated key/value, float32 output, the projection's input copy
         attention = 4 * b * q + 4 * q
+    if text.qk_norm:
+        norms += head_norm_saved_bytes(q, text.num_heads, b) + head_norm_saved_bytes(kv, text.num_kv_heads, b)
     return norms + attention + lse + mlp
 
 
@@ -447,10 +497,10 @@ def logit_bytes_per_position(text: TextModel, compute_bytes: int) -> int:
 
 def vision_working_bytes_per_patch(vision: VisionModel, dtype_bytes: int) -> int:
     """One vision block without autograd: residual and normed input, the qkv and attention
-    output, three intermediate-sized MLP tensors, float32 norm copies; plus the pixel values."""
+    output, the MLP's intermediate-sized tensors, float32 norm copies; plus the pixel values."""
     h, i = vision.hidden_size, vision.intermediate_size
     return (
-        dtype_bytes * (6 * h + 3 * i)
+        dtype_bytes * (6 * h + vision.mlp_tensors * i)
         + 8 * h
         + vision.patch_values * (PIXEL_VALUES_PER_PATCH_BYTES + dtype_bytes)
     )
@@ -458,9 +508,12 @@ def vision_working_bytes_per_patch(vision: VisionModel, dtype_bytes: int) -> int
 
 def vision_block_saved_bytes(vision: VisionModel, compute_bytes: int) -> int:
     """Per patch, what autograd saves in a trainable vision block (like a decoder layer with
-    ``heads = kv heads``)."""
+    ``heads = kv heads``; a LayerNorm keeps its input, a float32 mean and reciprocal root, and
+    its output, read by the projection after it; a GELU MLP keeps its two projections' inputs)."""
     b, h, i = compute_bytes, vision.hidden_size, vision.intermediate_size
-    return 2 * rms_norm_saved_bytes(h, b) + 4 * b * h + 4 * vision.num_heads + 4 * b * i
+    norm = rms_norm_saved_bytes(h, b) if vision.norm == "rms" else 2 * b * h + 8
+    mlp = 4 * b * i if vision.mlp == "gated" else 2 * b * i
+    return 2 * norm + 4 * b * h + 4 * vision.num_heads + mlp
 
 
 # -- the plan -------------------------------------------------------------------------------------
@@ -526,12 +579,15 @@ def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryP
     video_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype] if run.freeze_vision else compute
     # GRPO keeps the encoding for the whole step (rollouts, reference, policy); SFT's forward
     # consumes it before the layers store anything.
+    levels = 1 + vision.deepstack_levels
     lines.append(
         Line(
             "video embeddings",
-            run.batch_size * tokens.video * vision.out_hidden_size * video_bytes,
+            run.batch_size * tokens.video * levels * vision.out_hidden_size * video_bytes,
             "always" if run.kind == "grpo" else "rollout",
-            f"{run.batch_size} x {tokens.video:,} tokens x {vision.out_hidden_size}, every rank"
+            f"{run.batch_size} x {tokens.video:,} tokens x {vision.out_hidden_size}"
+            + (f" x {levels} levels (the embedding and its DeepStack features)" if levels > 1 else "")
+            + ", every rank"
             + (", cached for the step" if run.kind == "grpo" else ""),
         )
     )
@@ -785,7 +841,11 @@ def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: D
         reserved=engine.gpu_memory_utilization * device.memory,
         weights=arch.parameters() * eb,
         activations=activations,
-        encoder_cache=prompts * tokens.video * arch.vision.out_hidden_size * eb,
+        encoder_cache=prompts
+        * tokens.video
+        * (1 + arch.vision.deepstack_levels)
+        * arch.vision.out_hidden_size
+        * eb,
         kv_needed=kv_tokens * text.kv_bytes_per_token(eb),
         kv_tokens=kv_tokens,
         max_model_len_needed=tokens.prompt + tokens.completion,

@@ -52,14 +52,14 @@ framework overhead allowance (CUDA context, NCCL, fragmentation). Exit status 0:
 
 def register(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``lvrl plan``."""
-    from models.architectures import PUBLISHED_CONFIGS
+    from models.architectures import published_names
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = INPUTS
     parser.add_argument("--config", type=Path, required=True, help="an `lvrl fit` config (YAML)")
     parser.add_argument(
         "--architecture",
-        choices=sorted(PUBLISHED_CONFIGS),
+        choices=published_names(),
         help="plan a published model's sizes (for a config whose model_path is not on this machine)",
     )
     parser.add_argument("--gpus", type=int, help="GPUs per node (default: trainer.devices)")
@@ -127,12 +127,15 @@ def _header(plan: MemoryPlan, config_name: str) -> list[str]:
     layout += f"; sharding {run.sharding}; " + (
         "checkpointed" if run.gradient_checkpointing else "not checkpointed"
     )
+    per_patch = plan.architecture.vision.text_tokens_per_temporal_patch
+    written = run.num_frames // plan.architecture.vision.temporal_patch_size * per_patch
+    timestamps = f"; {written:,} more in the prompt for their times" if written else ""
     return [
         f"lvrl plan: {config_name} on {run.world_size} x {format_gib(plan.device.memory)} ({units}); "
         f"{plan.architecture.name}, {format_count(plan.architecture.parameters())} parameters",
-        f"tokens: video {tokens.video:,} ({run.num_frames:,} frames), prompt {tokens.prompt:,}, {target} "
-        f"{tokens.completion:,}; {tokens.rows} row(s) per micro-batch, {tokens.layer_tokens:,} tokens "
-        f"per rank through the layers ({layout})",
+        f"tokens: video {tokens.video:,} ({run.num_frames:,} frames{timestamps}), prompt {tokens.prompt:,}, "
+        f"{target} {tokens.completion:,}; {tokens.rows} row(s) per micro-batch, "
+        f"{tokens.layer_tokens:,} tokens per rank through the layers ({layout})",
         "",
     ]
 

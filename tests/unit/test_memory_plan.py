@@ -16,7 +16,14 @@ from helpers.tolerances import assert_identical
 
 from app.memory_check import DEFAULTS, memory_problem, run_settings
 from app.validation import ConfigError, validate_config
-from models.architectures import PUBLISHED_CONFIGS, architecture_from_config, published_architecture
+from models.architectures import (
+    PUBLISHED_CONFIGS,
+    QWEN3_VL_PUBLISHED,
+    QWEN3_VL_TIMESTAMP_TOKENS,
+    QWEN3_VL_VISION,
+    architecture_from_config,
+    published_architecture,
+)
 from parallel.memory_advice import combined_changes, suggestions
 from parallel.memory_plan import (
     GIB,
@@ -123,28 +130,76 @@ def test_a_built_model_directory_reads_the_same(tiny_model_dir: Path) -> None:
     assert_identical(architecture_from_config(config).parameters(), total, reason="tiny model directory")
 
 
-# -- activations ------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decoder_layer_saved_bytes_equal_autograd(dtype: torch.dtype) -> None:
-    """The per-token count equals what autograd saves in a real Qwen2.5-VL decoder layer
-    (SDPA, causal, no mask: the flash-style path), rotary cos/sin excluded (shared by layers)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    config = {
-        **SMALL_CONFIG,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 96,
-        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+def qwen3_config(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int) -> dict:
+    """A made-up Qwen3-VL ``config.json`` (nested layout), small enough to build on the CPU."""
+    return {
+        "model_type": "qwen3_vl",
+        "tie_word_embeddings": True,
+        "text_config": {
+            "vocab_size": 300,
+            "hidden_size": hidden,
+            "intermediate_size": intermediate,
+            "num_hidden_layers": 2,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5]},
+        },
+        "vision_config": {
+            **QWEN3_VL_VISION,
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_heads": 2,
+            "deepstack_visual_indexes": [0, 1],
+            "out_hidden_size": hidden,
+        },
     }
-    hf_config = Qwen2_5_VLConfig(**{k: v for k, v in config.items() if k != "model_type"})
-    hf_config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = Qwen2_5_VLForConditionalGeneration(hf_config).to(dtype).train()
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_VL_PUBLISHED))
+def test_qwen3_vl_counts_equal_transformers_model(name: str) -> None:
+    """Qwen3-VL's tower (LayerNorms, GELU MLP, biased patch embedding, position table,
+    DeepStack mergers) and decoder (q/k norms, no q/k/v bias, head_dim 128)."""
+    from models.build import count_parameters
+    from models.published import build_published
+
+    counts = count_parameters(build_published(name, "meta", torch.bfloat16)[0])
+    arch = published_architecture(name)
+    assert_identical(arch.text.parameters(), counts["text"], reason=f"{name}: language model")
+    assert_identical(arch.vision.parameters(), counts["vision"], reason=f"{name}: vision tower")
+    assert arch.vision.deepstack_levels == 3 and arch.vision.pixels_per_token == 32 * 32
+
+
+def test_a_qwen3_vl_directory_reads_the_same() -> None:
+    """A config as `lvrl model build --family qwen3_vl` writes it (transformers' to_dict)."""
+    from models.build import build_model, count_parameters
+
+    model, _ = build_model("tiny", family="qwen3_vl")
+    counts = count_parameters(model)
+    arch = architecture_from_config(model.config.to_dict(), "qwen3 tiny")
+    assert_identical(
+        (arch.text.parameters(), arch.vision.parameters()), (counts["text"], counts["vision"]), reason="tiny"
+    )
+
+
+def test_qwen3_vl_prompts_carry_timestamps_and_deepstack_features() -> None:
+    """Each temporal patch adds its written time and vision start/end tokens to the prompt; the
+    cached video embedding holds the three DeepStack levels beside the embedding itself."""
+    qwen3, run = published_architecture("qwen3-vl-4b"), grpo_settings(max_pixels_per_frame=64 * 32 * 32)
+    plan = plan_memory(qwen3, run, Device("cuda", 80 * GIB))
+    video = 256 * 64  # 512 frames: 256 temporal patches of 64 merged tokens each
+    assert plan.tokens.prompt == video + run.text_tokens + 256 * QWEN3_VL_TIMESTAMP_TOKENS
+    assert line(plan, "video embeddings") == run.batch_size * video * 4 * 2560 * 4  # float32 tower output
+
+
+# -- activations ------------------------------------------------------------------------------
+def saved_by_autograd(model: torch.nn.Module, hidden_size: int, dtype: torch.dtype, tokens: int = 48) -> int:
+    """Bytes autograd saves in the first decoder layer of ``model`` for ``tokens`` tokens (SDPA,
+    causal, no mask: the flash-style path), parameters and rotary cos/sin excluded (shared by
+    layers); each storage counted once."""
     language = model.model.language_model
-    tokens = 48
-    hidden = torch.randn(1, tokens, 64, dtype=dtype, requires_grad=True)
+    hidden = torch.randn(1, tokens, hidden_size, dtype=dtype, requires_grad=True)
     positions = torch.arange(tokens).view(1, 1, tokens).expand(3, 1, tokens)
     rotary = language.rotary_emb(hidden, positions)
     excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -159,11 +214,56 @@ def test_decoder_layer_saved_bytes_equal_autograd(dtype: torch.dtype) -> None:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         language.layers[0](hidden, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decoder_layer_saved_bytes_equal_autograd(dtype: torch.dtype) -> None:
+    """The per-token count equals what autograd saves in a real Qwen2.5-VL decoder layer."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = {
+        **SMALL_CONFIG,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    }
+    hf_config = Qwen2_5_VLConfig(**{k: v for k, v in config.items() if k != "model_type"})
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(hf_config).to(dtype).train()
     arch = architecture_from_config(config)
     per_token = decoder_layer_saved_bytes(
         arch.text, 4 if dtype == torch.float32 else 2, grpo_settings(sequence_parallel_size=1)
     )
-    assert_identical(sum(saved.values()), per_token * tokens, reason="autograd's saved bytes vs the count")
+    assert_identical(
+        saved_by_autograd(model, 64, dtype), per_token * 48, reason="autograd's saved bytes vs the count"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen3_decoder_layer_saved_bytes_equal_autograd(dtype: torch.dtype) -> None:
+    """The same for Qwen3-VL's layer, whose q/k norms save their own tensors (head_dim 32 with 4
+    heads of a 96-wide model: not hidden / heads)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = qwen3_config(hidden=96, heads=4, kv_heads=2, head_dim=32, intermediate=160)
+    hf_config = Qwen3VLConfig(
+        text_config=config["text_config"], vision_config=config["vision_config"], tie_word_embeddings=True
+    )
+    hf_config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration(hf_config).to(dtype).train()
+    arch = architecture_from_config(config)
+    assert arch.text.qk_norm and arch.text.head_dim == 32
+    per_token = decoder_layer_saved_bytes(
+        arch.text, 4 if dtype == torch.float32 else 2, grpo_settings(sequence_parallel_size=1)
+    )
+    assert_identical(
+        saved_by_autograd(model, 96, dtype), per_token * 48, reason="autograd's saved bytes vs the count"
+    )
 
 
 def test_ring_chunk_is_the_ring_attentions() -> None:
@@ -420,7 +520,24 @@ def test_lvrl_plan_reads_the_model_directory_or_names_the_presets(
     path.write_text(yaml.safe_dump(config))
     result = lvrl("plan", "--config", str(path), "--gpus", "1")
     assert result.returncode != 0
-    assert "pass --architecture NAME (built-in: qwen2.5-vl-3b, qwen2.5-vl-7b)" in result.stderr
+    assert (
+        "pass --architecture NAME (built-in: qwen2.5-vl-3b, qwen2.5-vl-7b, qwen3-vl-2b, qwen3-vl-4b)"
+        in result.stderr
+    )
+
+
+def test_lvrl_plan_plans_a_published_qwen3_vl_model() -> None:
+    """The zoom task's GRPO config at Qwen3-VL-4B's widths: 16 frames of 64 x 64 are 8 temporal
+    patches of 4 tokens, each preceded by its written time."""
+    result = lvrl(
+        "plan", "--config", str(REPO_ROOT / "configs/zoom/grpo_tool.yaml"), "--architecture", "qwen3-vl-4b",
+        "--gpus", "1", "--text-tokens", "195",
+    )  # fmt: skip
+    assert "qwen3-vl-4b, 4.44B parameters" in result.stdout, result.stderr
+    timestamps = 8 * QWEN3_VL_TIMESTAMP_TOKENS
+    written = f"video 32 (16 frames; {timestamps} more in the prompt for their times)"
+    assert f"{written}, prompt {32 + 195 + timestamps}" in result.stdout
+    assert "x 4 levels (the embedding and its DeepStack features)" in result.stdout
 
 
 def test_lvrl_plan_help_names_every_input() -> None:

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from app.commands import model as model_commands
-from models import published
+from models import architectures
 from models.architectures import PUBLISHED_CONFIGS, architecture_from_config, published_architecture
 from models.build import PRESETS, count_parameters
 from models.loading import load_model, load_processor
@@ -133,7 +133,7 @@ MINI_QWEN3_VL = {  # a published-style spec: head_dim 64 with 2 heads of a 96-wi
         "num_key_value_heads": 1,
         "head_dim": 64,
         "max_position_embeddings": 4096,
-        "rope_parameters": {**published.QWEN3_VL_ROPE, "mrope_section": [12, 10, 10]},
+        "rope_parameters": {**architectures.QWEN3_VL_ROPE, "mrope_section": [12, 10, 10]},
     },
     "vision": {
         "depth": 2,
@@ -155,7 +155,7 @@ def test_weights_are_written_in_the_dtype_and_load_with_the_published_widths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The whole path at a width a test affords: drawn on the CPU in bfloat16, saved, loaded."""
-    monkeypatch.setitem(published.QWEN3_VL_PUBLISHED, "mini", MINI_QWEN3_VL)
+    monkeypatch.setitem(architectures.QWEN3_VL_PUBLISHED, "mini", MINI_QWEN3_VL)
     out = tmp_path / "mini"
     _run_cli("--published", "mini", "--out", str(out), "--device", "cpu", "--seed", "3")
     assert "bfloat16 weights drawn on cpu" in capsys.readouterr().out
