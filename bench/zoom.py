@@ -80,8 +80,9 @@ def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, st
 
 def with_settings(config: dict[str, Any], settings: list[str]) -> dict[str, Any]:
     """``config`` with each ``dotted.key=VALUE`` of ``settings`` set (VALUE read as YAML). Every
-    key but the last must name a mapping already there, so a misspelt section is an error here;
-    a misspelt last key is refused by the CLI when the stage starts.
+    key but the last must name a mapping already there, or an item of a list by its index (the
+    callbacks: ``trainer.callbacks.0.init_args.rewards=[...]``), so a misspelt section is an error
+    here; a misspelt last key is refused by the CLI when the stage starts.
 
     >>> with_settings({"model": {"init_args": {"learning_rate": 3e-5}}},
     ...               ["model.init_args.learning_rate=5e-5", "model.init_args.micro_batch_rows=64"])
@@ -90,17 +91,32 @@ def with_settings(config: dict[str, Any], settings: list[str]) -> dict[str, Any]
     Traceback (most recent call last):
     ...
     ValueError: modle.init_args.learning_rate=1: the config has no mapping 'modle'
+    >>> with_settings({"callbacks": [{"init_args": {"n": 8}}]}, ["callbacks.0.init_args.n=4"])
+    {'callbacks': [{'init_args': {'n': 4}}]}
+    >>> with_settings({"callbacks": [{"init_args": {"n": 8}}]}, ["callbacks.1.init_args.n=4"])
+    Traceback (most recent call last):
+    ...
+    ValueError: callbacks.1.init_args.n=4: the config has no list item 'callbacks.1'
     """
     for setting in settings:
         key, separator, value = setting.partition("=")
         if not separator or not key:
             raise ValueError(f"{setting!r}: expected dotted.key=VALUE")
         *sections, leaf = key.split(".")
-        node = config
-        for section in sections:
-            if not isinstance(node.get(section), dict):
+        node: Any = config
+        for depth, section in enumerate(sections):
+            if isinstance(node, list):
+                if not section.isdigit() or int(section) >= len(node):
+                    raise ValueError(
+                        f"{setting}: the config has no list item {'.'.join(sections[: depth + 1])!r}"
+                    )
+                node = node[int(section)]
+            elif isinstance(node.get(section), dict | list):
+                node = node[section]
+            else:
                 raise ValueError(f"{setting}: the config has no mapping {section!r}")
-            node = node[section]
+        if not isinstance(node, dict):
+            raise ValueError(f"{setting}: {key.rsplit('.', 1)[0]!r} is not a mapping")
         parsed = yaml.safe_load(value)
         # PyYAML reads YAML 1.1, where 5e-5 (no dot) is a string; a learning rate is meant.
         node[leaf] = float(parsed) if isinstance(parsed, str) and SCIENTIFIC.fullmatch(parsed) else parsed

@@ -154,6 +154,7 @@ class VideoQACollator:
                     "answer": s.row.answer,
                     "options": list(s.row.options),
                     "problem_type": s.row.problem_type,
+                    "reasoning": s.row.reasoning,
                     "num_frames": len(s.video.frame_indices),
                     "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 RewardFunction = Callable[..., list[float]]
 """``fn(completions: Sequence[str], **sample_fields) -> list[float]``, one score per completion."""
 
-SAMPLE_FIELDS = ("key", "problem", "answer", "options", "problem_type", "category")
+SAMPLE_FIELDS = ("key", "problem", "answer", "options", "problem_type", "category", "reasoning")
 """The per-completion fields the RL rollout hands every reward function (as keyword lists)."""
 
 _F = TypeVar("_F", bound=RewardFunction)
@@ -72,7 +72,7 @@ def register(name: str) -> Callable[[_F], _F]:
 
 def _load_builtins() -> None:
     # Imported lazily: these modules import this one to register their functions.
-    for module in ("rewards.functions", "rewards.judge"):
+    for module in ("rewards.functions", "rewards.judge", "rewards.zoom"):
         importlib.import_module(module)
 
 

@@ -13,6 +13,7 @@ from datamodules.prompts import assistant_target
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from models.families import family_of
+from rewards.registry import SAMPLE_FIELDS
 
 
 def _batch(model_dir: Path, synth_dir: Path, n: int = 3):
@@ -61,4 +62,7 @@ def test_video_tokens_and_metadata(tiny_model_dir: Path, synth_dir: Path) -> Non
     )
     assert batch["pixel_values_videos"].shape[0] == int(grid.prod(-1).sum())
     assert [m["key"] for m in batch["meta"]] == [s.key for s in samples]
+    # Every sample field a reward function may ask for (rewards.registry.SAMPLE_FIELDS) is there.
+    assert all(set(SAMPLE_FIELDS) <= set(m) for m in batch["meta"])
+    assert [m["reasoning"] for m in batch["meta"]] == [s.row.reasoning for s in samples]
     assert len({int(p.token_ids[-1]) for p in batch["prompts"]}) == 1  # every prompt ends alike

@@ -7,9 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bench import grpo_runs, zoom
 from bench.zoom import longer_grpo_report, paired_line, with_settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def answers(val: list[bool], test: list[bool]) -> dict[str, bool]:
@@ -106,6 +109,24 @@ def test_recipe_settings_are_read_as_yaml_into_sections_that_exist() -> None:
         with_settings(config, ["model.init_args.kl_kind.inner=1"])
     with pytest.raises(ValueError, match=r"expected dotted\.key=VALUE"):
         with_settings(config, ["model.init_args.learning_rate"])
+
+
+def test_recipe_settings_reach_a_callback_by_its_index() -> None:
+    """The rewards live in the rollout callback's init_args, an item of trainer.callbacks."""
+    config = yaml.safe_load((REPO / "configs" / "zoom" / "grpo_tool.yaml").read_text())
+    rewards = (
+        "[{name: accuracy, weight: 0.9}, {name: format, weight: 0.1}, {name: marker_listing, weight: 0.3}]"
+    )
+    changed = with_settings(config, [f"trainer.callbacks.0.init_args.rewards={rewards}"])
+    rollout = changed["trainer"]["callbacks"][0]
+    assert rollout["class_path"].endswith("RolloutCallback")
+    assert [r["name"] for r in rollout["init_args"]["rewards"]] == ["accuracy", "format", "marker_listing"]
+    with pytest.raises(ValueError, match=r"no list item 'trainer\.callbacks\.99'"):
+        with_settings(config, ["trainer.callbacks.99.init_args.num_generations=4"])
+    with pytest.raises(ValueError, match=r"no list item 'trainer\.callbacks\.first'"):
+        with_settings(config, ["trainer.callbacks.first.init_args.num_generations=4"])
+    with pytest.raises(ValueError, match=r"'trainer\.callbacks' is not a mapping"):
+        with_settings(config, ["trainer.callbacks.num_generations=4"])
 
 
 def test_each_continuation_trains_with_the_first_runs_recipe_changes(
