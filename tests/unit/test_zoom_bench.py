@@ -4,6 +4,9 @@ test split alone."""
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ import yaml
 
 from bench import grpo_runs, zoom
 from bench.zoom import longer_grpo_report, paired_line, with_settings
+from bench.zoom_listings import reference_readings, tally
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -155,3 +159,36 @@ def test_each_continuation_trains_with_the_first_runs_recipe_changes(
         assert config["data"]["init_args"]["batch_size"] == 16
         assert config["model"]["init_args"]["learning_rate"] == 5e-5
         assert config["model"]["init_args"]["model_path"] == str(tmp_path / "seed1" / "sft-tool" / "hf")
+
+
+def test_listings_are_tallied_against_the_held_out_rows(tmp_path: Path) -> None:
+    """bench/zoom_listings.py: a listing is right when every colour's size is; counts by hand."""
+    truth = "Markers by colour: red none, green small at 00:14, yellow huge at 00:00, white none."
+    rows = {"synth-val-000000": truth, "synth-test-000001": truth}
+    for split, (problem_id, reasoning) in zip(("val", "test"), rows.items(), strict=True):
+        with tarfile.open(tmp_path / f"{split}-00000.tar", "w") as tar:
+            body = json.dumps({"problem_id": problem_id, "reasoning": reasoning}).encode()
+            member = tarfile.TarInfo(f"{problem_id}.json")
+            member.size = len(body)
+            tar.addfile(member, io.BytesIO(body))
+    readings = reference_readings(tmp_path)
+    assert readings == rows
+    listed = (
+        "<think>Markers by colour: red none, green small at 00:09, yellow huge at 00:01, white none.</think>"
+    )
+    misread = listed.replace("yellow huge", "yellow large")
+    (tmp_path / "eval" / "predictions").mkdir(parents=True)
+    records = [
+        {"problem_id": "synth-val-000000", "category": "Temporal", "completion": listed, "correct": False},
+        {"problem_id": "synth-test-000001", "category": "Spatial", "completion": misread, "correct": True},
+    ]
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    (tmp_path / "eval" / "predictions" / "val-step000000.jsonl").write_text(lines)
+    counts = tally(tmp_path / "eval", readings)
+    every = counts["all"]
+    assert (every.answers, every.listed_right) == (2, 1)
+    assert (every.right_given_listed_right, every.right_given_listed_wrong) == (0, 1)
+    assert counts["Temporal"].listed_right == 1 and counts["Spatial"].listed_right == 0
+    assert every.line() == (
+        "listing right 1/2; answer right given a right listing 0/1, given a wrong one 1/1"
+    )
