@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.architectures import PUBLISHED_CONFIGS, QWEN3_VL_PUBLISHED, published_names
+from models.architectures import QWEN3_VL_PUBLISHED, published_config_json
 from models.build import PRESETS, default_dtype
 from models.presets import family_recipe
 from models.presets.base import qwen_text_fields, vision_token_ids
@@ -44,23 +44,25 @@ def published_spec(name: str) -> tuple[str, dict[str, Any]]:
     >>> published_spec("qwen9-vl")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: unknown published model 'qwen9-vl'; built-in: qwen2.5-vl-3b, ..., qwen3-vl-4b
+    models.architectures.UnknownArchitecture: unknown architecture 'qwen9-vl'; built-in: ...
     """
-    if name in QWEN3_VL_PUBLISHED:
+    config = published_config_json(name)  # the one place a published name is checked
+    if config["model_type"] == "qwen3_vl":
         return "qwen3_vl", QWEN3_VL_PUBLISHED[name]
-    if name not in PUBLISHED_CONFIGS:
-        raise ValueError(f"unknown published model {name!r}; built-in: {', '.join(published_names())}")
-    flat = PUBLISHED_CONFIGS[name]
     grouped = {"model_type", "vision_config", "tie_word_embeddings", "rope_scaling", "rope_theta"}
-    text = {key: value for key, value in flat.items() if key not in grouped}
-    section = flat["rope_scaling"]["mrope_section"]
+    text = {key: value for key, value in config.items() if key not in grouped}
+    section = config["rope_scaling"]["mrope_section"]
     text["rope_parameters"] = {
         "rope_type": "default",
-        "rope_theta": flat["rope_theta"],
+        "rope_theta": config["rope_theta"],
         "mrope_section": section,
     }
-    spec = {"text": text, "vision": flat["vision_config"], "tie_word_embeddings": flat["tie_word_embeddings"]}
-    return flat["model_type"], spec
+    spec = {
+        "text": text,
+        "vision": config["vision_config"],
+        "tie_word_embeddings": config["tie_word_embeddings"],
+    }
+    return config["model_type"], spec
 
 
 def published_config(name: str, token_ids: dict[str, int], dtype: torch.dtype) -> PretrainedConfig:

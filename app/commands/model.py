@@ -25,9 +25,9 @@ _WEIGHT_PATTERNS = (
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``model`` sub-commands to ``parser``."""
+    from models.architectures import published_names
     from models.build import PRESETS  # light: no torch model is built at registration
     from models.presets import DEFAULT_FAMILY, FAMILIES
-    from models.published import published_names
 
     commands = parser.add_subparsers(dest="model_command", required=True)
     presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())

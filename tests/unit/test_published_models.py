@@ -17,10 +17,15 @@ from transformers import AutoConfig
 
 from app.commands import model as model_commands
 from models import architectures
-from models.architectures import PUBLISHED_CONFIGS, architecture_from_config, published_architecture
+from models.architectures import (
+    PUBLISHED_CONFIGS,
+    architecture_from_config,
+    published_architecture,
+    published_names,
+)
 from models.build import PRESETS, count_parameters
 from models.loading import load_model, load_processor
-from models.published import build_published, published_names, published_spec
+from models.published import build_published, published_spec
 from models.tokenizer import train_tokenizer
 
 
