@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from core.frame_requests import FrameBudget
+from core.settings import settings_block
 from models.architectures import (
     UnknownArchitecture,
     architecture_from_config,
@@ -154,6 +156,11 @@ def run_settings(
     else:
         completion = int(data_args["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS)
     size = layout.get("sequence_parallel_size", 1)
+    # Frames on request: planned at the episode's budgets (every request made and served).
+    tools = settings_block(FrameBudget, rollout_args.get("tool_use"), "tool_use") if kind == "grpo" else None
+    tool_frames = (
+        0 if tools is None else min(tools.frames_per_episode, tools.max_calls * tools.frames_per_call)
+    )
     # LoRA (models.lora): the adapters train, the base (and the tower, unless adapted) is frozen,
     # and the reference is the policy with its adapters disabled.
     from models.lora import LoraSettings  # (torch: imported only when a plan is made)
@@ -191,6 +198,8 @@ def run_settings(
         frozen_vision_dtype=layout["param_dtype"] if "sequence_parallel_size" in layout else None,
         engine=engine,
         policy_generates=policy_generates,
+        tool_calls=0 if tools is None else tools.max_calls,
+        tool_frames=tool_frames,
         **layout,
     )
 

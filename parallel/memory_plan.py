@@ -64,6 +64,12 @@ ENGINE_FIXED_OVERHEAD = 1 * GIB
 """vLLM's CUDA graphs, sampler and workspace buffers, within its reservation: an allowance."""
 ENGINE_LINE = "vLLM engine (reserved)"
 PIXEL_VALUES_PER_PATCH_BYTES = 4
+TOOL_REPLY_TEXT_TOKENS = 128
+"""Text tokens of one frames-tool reply besides its video (``core.tool_reply``: the turn's markers,
+``<tool_response>`` and a line such as ``frames 00:12.0-00:19.0, 8 frames, 1.00 s apart``), at
+most: a byte-level BPE tokenizer (Qwen's) writes no more tokens than the text has UTF-8 bytes
+(a special token such as ``<|im_start|>`` is one), and the longest served reply has fewer (a
+test keeps it so)."""
 """The processor hands pixel values to the tower in float32."""
 
 Phase = Literal["always", "rollout", "sync", "head", "layers", "training", "engine"]
@@ -278,6 +284,13 @@ class RunSettings:
     the policy with its adapters disabled (no copy)."""
     lora_targets: tuple[str, ...] = ()
     """The decoder projections the adapters sit on (vision-tower adapters are not counted)."""
+    tool_calls: int = 0
+    """GRPO with frames on request: the most requests an episode may make (``tool_use.max_calls``);
+    its row then holds up to ``tool_calls + 1`` model turns of ``completion_tokens`` each and a
+    reply per request (0: single-turn rollouts)."""
+    tool_frames: int = 0
+    """The most frames the replies of one episode hold (``tool_use.frames_per_episode``), at
+    ``max_pixels_per_frame`` each."""
 
     @property
     def shard_size(self) -> int:
@@ -300,6 +313,7 @@ class Tokens:
     video: int
     prompt: int
     completion: int
+    """Tokens the model writes in a row: every turn of a tool-use episode."""
     rows: int
     """Rows in one forward/backward (a micro-batch)."""
     layer_tokens: int
@@ -308,6 +322,15 @@ class Tokens:
     """Positions whose full-vocabulary logits one rank computes in one micro-batch."""
     patches: int
     """Vision patches this rank encodes for one step."""
+    replies: int = 0
+    """Tokens of a row's tool replies (their frames, the frames' timestamps, their text)."""
+    served_video: int = 0
+    """Merged visual tokens of the frames one episode is served, at most."""
+
+    @property
+    def row(self) -> int:
+        """Tokens of one whole row: prompt, replies and the model's turns."""
+        return self.prompt + self.replies + self.completion
 
 
 @dataclass(frozen=True)
@@ -399,13 +422,18 @@ def video_tokens(vision: VisionModel, num_frames: int, max_pixels_per_frame: int
 
 
 def token_counts(arch: Architecture, run: RunSettings) -> Tokens:
-    """Tokens of one step on one rank (the worst rank: the one holding the completions)."""
-    video = video_tokens(arch.vision, run.num_frames, run.max_pixels_per_frame)
-    timestamps = (
-        run.num_frames // arch.vision.temporal_patch_size * arch.vision.text_tokens_per_temporal_patch
-    )
+    """Tokens of one step on one rank (the worst rank: the one holding the completions). A
+    tool-use episode is planned at its budgets: every request made and served, every turn at
+    ``completion_tokens``, each episode served frames of its own (a span two episodes share is
+    encoded once: fewer patches)."""
+    vision = arch.vision
+    video = video_tokens(vision, run.num_frames, run.max_pixels_per_frame)
+    timestamps = run.num_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
     prompt = video + run.text_tokens + timestamps
-    completion = run.completion_tokens
+    completion = run.completion_tokens * (run.tool_calls + 1)
+    served = video_tokens(vision, run.tool_frames, run.max_pixels_per_frame) if run.tool_calls else 0
+    served_timestamps = run.tool_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
+    replies = served + served_timestamps + run.tool_calls * TOOL_REPLY_TEXT_TOKENS if run.tool_calls else 0
     sp = run.sequence_parallel_size
     if run.kind == "grpo":
         total_rows = run.batch_size * run.num_generations
@@ -414,17 +442,19 @@ def token_counts(arch: Architecture, run: RunSettings) -> Tokens:
             g = run.num_generations
             aligned = g % rows == 0 or rows % g == 0
             prompts = min(run.batch_size, -(-rows // g) + (0 if aligned else 1))
-            layer_tokens = prompts * prompt + rows * completion
+            layer_tokens = prompts * prompt + rows * (replies + completion)
         else:
-            layer_tokens = -(-rows * (prompt + completion) // sp)
+            layer_tokens = -(-rows * (prompt + replies + completion) // sp)
     else:
         rows = run.batch_size
         layer_tokens = -(-rows * (prompt + completion) // sp)
     # The last slice of a sequence-parallel row holds its completion: one rank computes them all.
     logit_positions = rows * completion
-    # The batch's videos are encoded once per step, their temporal patches dealt to the SP ranks.
-    patches = -(-run.batch_size * video * arch.vision.spatial_merge_size**2 // sp)
-    return Tokens(video, prompt, completion, rows, layer_tokens, logit_positions, patches)
+    # The batch's videos are encoded once per step, their temporal patches dealt to the SP ranks;
+    # so are the episodes' served segments.
+    encoded = run.batch_size * (video + run.num_generations * served)
+    patches = -(-encoded * vision.spatial_merge_size**2 // sp)
+    return Tokens(video, prompt, completion, rows, layer_tokens, logit_positions, patches, replies, served)
 
 
 # -- per-token activation counts ------------------------------------------------------------------
@@ -580,12 +610,15 @@ def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryP
     # GRPO keeps the encoding for the whole step (rollouts, reference, policy); SFT's forward
     # consumes it before the layers store anything.
     levels = 1 + vision.deepstack_levels
+    served = run.num_generations * tokens.served_video
     lines.append(
         Line(
             "video embeddings",
-            run.batch_size * tokens.video * levels * vision.out_hidden_size * video_bytes,
+            run.batch_size * (tokens.video + served) * levels * vision.out_hidden_size * video_bytes,
             "always" if run.kind == "grpo" else "rollout",
-            f"{run.batch_size} x {tokens.video:,} tokens x {vision.out_hidden_size}"
+            f"{run.batch_size} x {tokens.video:,} tokens"
+            + (f" (+ {served:,} served to its episodes)" if served else "")
+            + f" x {vision.out_hidden_size}"
             + (f" x {levels} levels (the embedding and its DeepStack features)" if levels > 1 else "")
             + ", every rank"
             + (", cached for the step" if run.kind == "grpo" else ""),
@@ -653,7 +686,7 @@ def _generation_lines(
                 "policy samples (the transformers engine)",
             )
         )
-    row = tokens.prompt + tokens.completion
+    row = tokens.row
     lines.append(
         Line(
             "generation KV cache",
@@ -753,14 +786,14 @@ def _training_lines(
             ),
         )
     )
-    whole_rows = tokens.rows * (tokens.prompt + tokens.completion)
+    whole_rows = tokens.rows * tokens.row
     per_token_model = rms_norm_saved_bytes(text.hidden_size, compute) + 2 * text.head_dim * compute
     model_level = whole_rows * text.hidden_size * compute + t * per_token_model
     if run.shared_prompt_pass and run.kind == "grpo":
         # Each row's copy of its prompt's keys/values and the concatenated cache, every layer.
         model_level += (
             text.num_layers
-            * (2 * tokens.rows * tokens.prompt + tokens.rows * tokens.completion)
+            * (2 * tokens.rows * tokens.prompt + tokens.rows * (tokens.replies + tokens.completion))
             * 2
             * text.kv_dim
             * compute
@@ -829,10 +862,9 @@ def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: D
     eb = DTYPE_BYTES[engine.dtype]
     prompts = -(-run.batch_size // run.sequence_parallel_size)
     g = run.num_generations
-    if engine.prefix_caching:
-        kv_tokens = prompts * (tokens.prompt + g * tokens.completion)
-    else:
-        kv_tokens = prompts * g * (tokens.prompt + tokens.completion)
+    # With prefix caching a sample adds its replies and turns to its prompt's shared KV.
+    shared = prompts * (tokens.prompt + g * (tokens.replies + tokens.completion))
+    kv_tokens = shared if engine.prefix_caching else prompts * g * tokens.row
     kv_tokens = max(kv_tokens, engine.max_model_len)
     h, q, kv, i = text.hidden_size, text.q_dim, text.kv_dim, text.intermediate_size
     activations = ENGINE_BATCHED_TOKENS * (2 * h + q + 2 * kv + 2 * i) * eb
@@ -842,13 +874,13 @@ def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: D
         weights=arch.parameters() * eb,
         activations=activations,
         encoder_cache=prompts
-        * tokens.video
+        * (tokens.video + g * tokens.served_video)
         * (1 + arch.vision.deepstack_levels)
         * arch.vision.out_hidden_size
         * eb,
         kv_needed=kv_tokens * text.kv_bytes_per_token(eb),
         kv_tokens=kv_tokens,
-        max_model_len_needed=tokens.prompt + tokens.completion,
+        max_model_len_needed=tokens.row,
     )
 
 

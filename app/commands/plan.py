@@ -35,7 +35,9 @@ Read from the config (a key left out takes its class's default):
     batch_size (per data-parallel rank), max_prompt_tokens (the prompt's text bound; --text-tokens
     overrides), max_target_tokens (SFT: the target's bound).
   trainer.callbacks RolloutCallback (GRPO): num_generations (G), max_new_tokens (the completion
-    length), engine rollout.vllm_engine.VLLMEngine init_args dtype, gpu_memory_utilization (the
+    length; of each turn with tool_use), tool_use (frames on request: planned at its budgets,
+    max_calls + 1 turns and frames_per_episode served frames in every row), engine
+    rollout.vllm_engine.VLLMEngine init_args dtype, gpu_memory_utilization (the
     share vLLM reserves), max_model_len, max_num_seqs, enable_sleep_mode (vLLM releases its
     memory while the trainer trains); or rollout.hf_engine.TransformersEngine (sampling with the
     policy: under FSDP2 the whole model gathered in the compute dtype, and one prompt's KV cache).
@@ -46,7 +48,8 @@ gradients and AdamW states; the reference; FSDP2's gathered units and unsharded 
 activations of one micro-batch (checkpointed: one hidden state per layer per token; the
 sequence split divides tokens); the frozen vision tower, its encoding working set and the
 cached video embeddings; vLLM's reserved share (checked to hold its weights, activations and
-the KV cache of G x (prompt + completion), the prompt stored once by prefix caching); and a
+the KV cache of G x (prompt + completion, with tool use the replies too), the prompt stored
+once by prefix caching); and a
 framework overhead allowance (CUDA context, NCCL, fragmentation). Exit status 0: fits; 1: not."""
 
 
@@ -130,11 +133,19 @@ def _header(plan: MemoryPlan, config_name: str) -> list[str]:
     per_patch = plan.architecture.vision.text_tokens_per_temporal_patch
     written = run.num_frames // plan.architecture.vision.temporal_patch_size * per_patch
     timestamps = f"; {written:,} more in the prompt for their times" if written else ""
+    if run.tool_calls:
+        target = f"{run.tool_calls + 1} turns x {run.completion_tokens:,} = {tokens.completion:,}"
+        target += (
+            f", replies {tokens.replies:,} ({run.tool_calls} request(s), {run.tool_frames} frames "
+            f"= {tokens.served_video:,} video tokens, their times and text)"
+        )
+    else:
+        target += f" {tokens.completion:,}"
     return [
         f"lvrl plan: {config_name} on {run.world_size} x {format_gib(plan.device.memory)} ({units}); "
         f"{plan.architecture.name}, {format_count(plan.architecture.parameters())} parameters",
         f"tokens: video {tokens.video:,} ({run.num_frames:,} frames{timestamps}), prompt {tokens.prompt:,}, "
-        f"{target} {tokens.completion:,}; {tokens.rows} row(s) per micro-batch, "
+        f"{target}; {tokens.rows} row(s) per micro-batch, "
         f"{tokens.layer_tokens:,} tokens per rank through the layers ({layout})",
         "",
     ]
@@ -169,10 +180,11 @@ def _engine_lines(plan: MemoryPlan) -> list[str]:
         f"{format_gib(engine.kv_available)} for the KV cache, which needs {format_gib(engine.kv_needed)} "
         f"({engine.kv_tokens:,} tokens): {'fits' if engine.fits else 'DOES NOT FIT'}"
     ]
+    parts = "prompt + replies + turns" if plan.tokens.replies else "prompt + completion"
     if settings.max_model_len < engine.max_model_len_needed:
         out.append(
-            f"note: max_model_len {settings.max_model_len:,} is below prompt + completion "
-            f"{engine.max_model_len_needed:,}: vLLM will refuse the longest prompts"
+            f"note: max_model_len {settings.max_model_len:,} is below the longest row "
+            f"{engine.max_model_len_needed:,} ({parts}): vLLM will refuse the longest prompts"
         )
     return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from helpers.tolerances import assert_identical
 
 from app.memory_check import DEFAULTS, memory_problem, run_settings
 from app.validation import ConfigError, validate_config
+from core.frame_requests import FramePlan, served_text
+from core.tool_reply import reply_text
 from models.architectures import (
     PUBLISHED_CONFIGS,
     QWEN3_VL_PUBLISHED,
@@ -28,6 +31,7 @@ from parallel.memory_advice import combined_changes, suggestions
 from parallel.memory_plan import (
     GIB,
     RING_QUERY_CHUNK,
+    TOOL_REPLY_TEXT_TOKENS,
     Device,
     EngineSettings,
     RunSettings,
@@ -538,6 +542,70 @@ def test_lvrl_plan_plans_a_published_qwen3_vl_model() -> None:
     written = f"video 32 (16 frames; {timestamps} more in the prompt for their times)"
     assert f"{written}, prompt {32 + 195 + timestamps}" in result.stdout
     assert "x 4 levels (the embedding and its DeepStack features)" in result.stdout
+    # The config's episodes: one request of 16 frames (8 patches of 4 tokens, their times, its text).
+    replies = 32 + timestamps + TOOL_REPLY_TEXT_TOKENS
+    assert (
+        f"2 turns x 96 = 192, replies {replies} (1 request(s), 16 frames = 32 video tokens" in result.stdout
+    )
+
+
+# -- frames on request ----------------------------------------------------------------------------
+def test_a_tool_use_row_holds_every_turn_and_reply_at_the_budgets() -> None:
+    """Token counts of tool-use episodes by hand: 2 requests, 32 frames served in all, 3 turns."""
+    arch = published_architecture("qwen2.5-vl-7b")
+    single = grpo_settings()
+    tool = replace(single, tool_calls=2, tool_frames=32)
+    one, episodes = (
+        plan_memory(arch, single, Device("cuda", 80 * GIB)),
+        plan_memory(arch, tool, Device("cuda", 80 * GIB)),
+    )
+    served = 16 * 128  # 32 frames: 16 temporal patches of 128 tokens (no written times in Qwen2.5-VL)
+    assert episodes.tokens.prompt == one.tokens.prompt == 32768 + 1024
+    assert (episodes.tokens.completion, episodes.tokens.served_video) == (3 * 1024, served)
+    assert episodes.tokens.replies == served + 2 * TOOL_REPLY_TEXT_TOKENS
+    row = 33792 + served + 2 * TOOL_REPLY_TEXT_TOKENS + 3 * 1024
+    assert episodes.tokens.row == row
+    assert episodes.tokens.layer_tokens == 2 * row // 4  # two whole rows over 4 sequence-parallel ranks
+    assert episodes.tokens.logit_positions == 2 * 3 * 1024  # every turn is scored, no reply token
+    # Every episode served frames of its own, encoded once in the step and cached with the prompt's.
+    assert episodes.tokens.patches == -(-(32768 + 8 * served) * 4 // 4)
+    assert line(episodes, "video embeddings") == (32768 + 8 * served) * 3584 * 4
+    assert episodes.engine is not None
+    assert episodes.engine.kv_tokens == 33792 + 8 * (served + 2 * TOOL_REPLY_TEXT_TOKENS + 3 * 1024)
+    assert episodes.engine.max_model_len_needed == row
+    assert episodes.engine.encoder_cache == (32768 + 8 * served) * 3584 * 2
+    qwen3 = plan_memory(published_architecture("qwen3-vl-4b"), tool, Device("cuda", 80 * GIB))
+    per_patch = QWEN3_VL_TIMESTAMP_TOKENS  # each served temporal patch is preceded by its time
+    assert qwen3.tokens.replies == qwen3.tokens.served_video + 16 * per_patch + 2 * TOOL_REPLY_TEXT_TOKENS
+
+
+def test_a_reply_has_no_more_text_tokens_than_the_planner_allows() -> None:
+    """A byte-level BPE tokenizer writes at most one token per UTF-8 byte, a special token
+    (``<|im_start|>``, the video's markers) being one: the longest served reply (times past ten
+    hours, a four-digit frame count) stays in the bound."""
+    plan = FramePlan((0, 30 * 36_000 * 10 - 1), source_fps=30.0)  # up to 99:59:59.9
+    message = served_text(plan).replace("2 frames", "9999 frames")
+    text = reply_text(message, with_video=True)
+    specials = re.findall(r"<\|[a-z_]+\|>", text)
+    assert len(specials) == 7  # two turn ends, two turn starts, the video's start, pad and end
+    bound = len(text.encode()) - sum(len(token) - 1 for token in specials)
+    assert "9999 frames" in text and bound <= TOOL_REPLY_TEXT_TOKENS
+
+
+def test_run_settings_read_the_rollouts_tool_budget() -> None:
+    config = yaml.safe_load((REPO_ROOT / "configs/zoom/grpo_tool.yaml").read_text())
+    run = run_settings(config)
+    assert (run.tool_calls, run.tool_frames, run.completion_tokens) == (1, 16, 96)
+    rollout = config["trainer"]["callbacks"][0]["init_args"]
+    rollout["tool_use"] = {"max_calls": 3, "frames_per_call": 8, "frames_per_episode": 32}
+    assert (run_settings(config).tool_calls, run_settings(config).tool_frames) == (3, 24)  # 3 x 8 < 32
+    rollout["tool_use"] = {}
+    assert (run_settings(config).tool_calls, run_settings(config).tool_frames) == (3, 32)  # the defaults
+    rollout["tool_use"] = {"max_call": 2}
+    with pytest.raises(ValueError, match=r"tool_use: unknown settings \['max_call'\]"):
+        run_settings(config)
+    del rollout["tool_use"]
+    assert (run_settings(config).tool_calls, run_settings(config).tool_frames) == (0, 0)
 
 
 def test_lvrl_plan_help_names_every_input() -> None:
