@@ -192,3 +192,30 @@ def test_listings_are_tallied_against_the_held_out_rows(tmp_path: Path) -> None:
     assert every.line() == (
         "listing right 1/2; answer right given a right listing 0/1, given a wrong one 1/1"
     )
+
+
+def test_skip_dense_runs_the_tool_path_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--skip-dense trains no dense stage and prints no tool-vs-dense test; the tool rows stay."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dataset.json").write_text("{}")
+    trained: list[str] = []
+    monkeypatch.setattr(zoom, "run_lvrl", lambda *args, **kwargs: None)
+    monkeypatch.setattr(
+        zoom, "train", lambda run_dir, config, continuing=None: trained.append(run_dir.name) or 1.0
+    )
+    monkeypatch.setattr(
+        zoom, "evaluate", lambda run_dir, data: (run_dir.parent / f"{run_dir.name}-eval", 1.0)
+    )
+    monkeypatch.setattr(zoom, "last", lambda metrics, name: 0.5)
+    right = {"sft-tool-eval": False, "grpo-tool-eval": True}
+    monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {"synth-val-000000": right[eval_dir.name]})
+    argv = ["zoom.py", "--data", str(data), "--seeds", "1", "--out", str(tmp_path / "out"), "--skip-dense"]
+    monkeypatch.setattr("sys.argv", argv)
+    zoom.main()
+    printed = capsys.readouterr().out
+    assert trained == ["sft-tool", "grpo-tool"]
+    assert "tool GRPO vs tool SFT" in printed and "vs dense SFT" not in printed
+    assert "| dense SFT, 256 frames | - |" in printed
