@@ -185,6 +185,10 @@ def architecture_from_config(config: dict[str, Any], name: str = "model") -> Arc
         vocab_size=int(text_config["vocab_size"]),
         tied_embeddings=bool(tied),
         qk_norm=qwen3,
+        # Qwen2 decoders bias q/k/v always; Qwen3's attention_bias (off in the released models)
+        # biases all four projections.
+        qkv_bias=bool(text_config.get("attention_bias", False)) if qwen3 else True,
+        o_bias=bool(text_config.get("attention_bias", False)) if qwen3 else False,
     )
     qwen3_tower = {
         "mlp": "gelu",

@@ -93,8 +93,12 @@ class TextModel:
     vocab_size: int
     tied_embeddings: bool
     qk_norm: bool = False
-    """Qwen3: an RMSNorm over each head's queries and keys (``head_dim`` weights each), and no
-    q/k/v bias."""
+    """Qwen3: an RMSNorm over each head's queries and keys (``head_dim`` weights each)."""
+    qkv_bias: bool = True
+    """Biases on the q, k and v projections (Qwen2's; Qwen3's ``attention_bias``, off in the
+    released models)."""
+    o_bias: bool = False
+    """A bias on the output projection (Qwen3's ``attention_bias`` puts one there too)."""
 
     @property
     def q_dim(self) -> int:
@@ -105,10 +109,10 @@ class TextModel:
         return self.num_kv_heads * self.head_dim
 
     def layer_parameters(self) -> int:
-        """Two RMSNorms, q/k/v (with bias; Qwen3: without, and the q/k norms), o (no bias),
-        gate/up/down (no bias)."""
+        """Two RMSNorms, q/k/v (with bias unless ``qkv_bias`` is off), the q/k norms (Qwen3), o
+        (bias only with ``o_bias``), gate/up/down (no bias)."""
         h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
-        biases = 0 if self.qk_norm else q + 2 * kv
+        biases = (q + 2 * kv if self.qkv_bias else 0) + (h if self.o_bias else 0)
         head_norms = 2 * self.head_dim if self.qk_norm else 0
         attention = h * q + 2 * h * kv + biases + head_norms
         return 2 * h + attention + q * h + 3 * h * i

@@ -187,6 +187,26 @@ def test_a_qwen3_vl_directory_reads_the_same() -> None:
     )
 
 
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_qwen3_attention_bias_is_counted(attention_bias: bool) -> None:
+    """Qwen3's attention_bias puts a bias on q, k, v and o: the count follows the built model."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    config = qwen3_config(hidden=96, heads=4, kv_heads=2, head_dim=32, intermediate=160)
+    config["text_config"]["attention_bias"] = attention_bias
+    hf_config = Qwen3VLConfig(
+        text_config=config["text_config"], vision_config=config["vision_config"], tie_word_embeddings=True
+    )
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration(hf_config)
+    language = sum(p.numel() for p in model.model.language_model.parameters())
+    arch = architecture_from_config(config)
+    assert_identical(arch.text.parameters(), language, reason=f"attention_bias={attention_bias}")
+    biases = 2 * (4 * 32 + 2 * 2 * 32 + 96) if attention_bias else 0  # q, k, v, o in 2 layers
+    unbiased = replace(arch.text, qkv_bias=False, o_bias=False).parameters()
+    assert arch.text.parameters() - unbiased == biases
+
+
 def test_qwen3_vl_prompts_carry_timestamps_and_deepstack_features() -> None:
     """Each temporal patch adds its written time and vision start/end tokens to the prompt; the
     cached video embedding holds the three DeepStack levels beside the embedding itself."""
