@@ -64,13 +64,13 @@ ENGINE_FIXED_OVERHEAD = 1 * GIB
 """vLLM's CUDA graphs, sampler and workspace buffers, within its reservation: an allowance."""
 ENGINE_LINE = "vLLM engine (reserved)"
 PIXEL_VALUES_PER_PATCH_BYTES = 4
+"""The processor hands pixel values to the tower in float32."""
 TOOL_REPLY_TEXT_TOKENS = 128
 """Text tokens of one frames-tool reply besides its video (``core.tool_reply``: the turn's markers,
 ``<tool_response>`` and a line such as ``frames 00:12.0-00:19.0, 8 frames, 1.00 s apart``), at
 most: a byte-level BPE tokenizer (Qwen's) writes no more tokens than the text has UTF-8 bytes
 (a special token such as ``<|im_start|>`` is one), and the longest served reply has fewer (a
 test keeps it so)."""
-"""The processor hands pixel values to the tower in float32."""
 
 Phase = Literal["always", "rollout", "sync", "head", "layers", "training", "engine"]
 """When a line is held: always; in one phase; ``training``: in both backward moments (``head``:
