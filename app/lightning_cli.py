@@ -16,7 +16,7 @@ from app.cli_parser import HELP_FLAGS, LvrlArgumentParser, selected_classes
 from app.logs import install_run_logging
 from app.validation import ConfigError, validate_config
 from callbacks.checkpoint import RunCheckpoint, with_atomic_checkpoint_io
-from core.failures import SafeStop
+from core.failures import SafeStop, StoppedBySignal
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.vlm_module import VLMModule
 
@@ -123,6 +123,9 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
             help_classes=selected_classes(given) if wants_help else None,
             auto_configure_optimizers=False,
         )
+    except StoppedBySignal as stop:
+        print(f"stopped by a signal: {stop}\ncontinue with --ckpt_path last", file=sys.stderr)
+        sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
     except SafeStop as stop:
         print(f"training stopped: {stop}\ncontinue with --ckpt_path last once fixed", file=sys.stderr)
         sys.exit(1)

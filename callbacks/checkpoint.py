@@ -20,7 +20,10 @@ raised if the signal came after that); a Ctrl-C is recorded here and stops throu
 checkpoint is written before it, so a second Ctrl-C during it loses nothing) and ``lvrl fit``
 exits with status 143 as on SIGTERM.
 Training that stops with a :class:`~core.failures.SafeStop` (non-finite updates, a rollout
-engine that cannot be restarted) also leaves a ``last.ckpt``.
+engine that cannot be restarted, a rollout that failed after a SIGTERM) also leaves a
+``last.ckpt``; when the step under way had not trained on its batch
+(:class:`~core.failures.StepNotTaken`), that batch is saved as not read, so that the resumed run
+trains on it: the data position written is the one at the end of the last finished step.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from core.failures import SafeStop
+from core.failures import SafeStop, StepNotTaken
 from core.rng import rng_states, set_rng_states
 from parallel.collectives import gather_from_all_ranks
 
@@ -153,6 +156,7 @@ class RunCheckpoint(ModelCheckpoint):
     # -- pre-emption -------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.interrupt_requested = self.interrupted = False
+        self._finished_step_data: Any = None
         try:
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
         except ValueError:  # not the main thread (signals cannot be handled here)
@@ -175,6 +179,7 @@ class RunCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._remember_data_position(trainer)
         # On SIGTERM Lightning's handler sets `received_sigterm` and the loop stops after this
         # hook; a Ctrl-C asks the loop to stop after it too. Either way, with this step's checkpoint.
         interrupted = not self.interrupted and self._interrupted(trainer)
@@ -202,9 +207,20 @@ class RunCheckpoint(ModelCheckpoint):
             isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and trainer.world_size == 1
         )
         unsaved = self.save_last and trainer.global_step != self._last_global_step_saved
+        if isinstance(exception, StepNotTaken) and stopped_safely and self._finished_step_data is not None:
+            trainer.datamodule.rewind_training_position(self._finished_step_data)
         if (stopped_safely or stopped_by_sigterm) and unsaved:
             rank_zero_info(f"saving the checkpoint of step {trainer.global_step} before stopping")
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._remember_data_position(trainer)
+
+    def _remember_data_position(self, trainer: L.Trainer) -> None:
+        # Where the stream stood when the last step finished (a datamodule that can rewind).
+        if callable(getattr(trainer.datamodule, "training_position", None)):
+            self._finished_step_data = trainer.datamodule.training_position()
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._previous_sigint is not None:

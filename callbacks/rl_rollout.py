@@ -195,6 +195,7 @@ class RolloutCallback(Callback):
             weights=lambda: trainable_parameters(pl_module.policy().model),
             timeout_s=self.rollout_timeout_s,
             bucket_bytes=self.weight_sync_bucket_bytes,
+            stop_requested=lambda: trainer.received_sigterm,
         )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

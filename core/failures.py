@@ -16,5 +16,16 @@ class NonFiniteUpdates(SafeStop):
     """Too many consecutive updates had a non-finite loss or gradient norm (each one was skipped)."""
 
 
-class RolloutFailed(SafeStop):
+class StepNotTaken(SafeStop):
+    """Training stopped inside a step, before it trained on its batch (its rollout failed): the
+    checkpoint counts that batch as not read, so that a resumed run trains on it."""
+
+
+class RolloutFailed(StepNotTaken):
     """The rollout engine failed again after a restart, or stopped answering."""
+
+
+class StoppedBySignal(StepNotTaken):
+    """A stop signal (SIGTERM) arrived and the step under way could not finish: its rollout
+    failed as the job's processes were being stopped. Saved like any safe stop; ``lvrl fit``
+    exits as a pre-empted run does."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import lightning as L
@@ -10,7 +11,13 @@ from transformers import AutoConfig, AutoProcessor
 
 from datamodules.collate import TextTokenCounter, VideoQACollator
 from datamodules.shards import resolve_shards
-from datamodules.stream import EpochAwareDataLoader, SkipCounter, VideoQAStream, data_parallel_coordinates
+from datamodules.stream import (
+    EpochAwareDataLoader,
+    SkipCounter,
+    VideoQAStream,
+    data_parallel_coordinates,
+    leave_stopping_to_the_trainer,
+)
 from datamodules.tool_traces import ToolTraces
 from models.families import ModelFamily, family_of
 from parallel.collectives import gather_from_all_ranks
@@ -28,6 +35,17 @@ def trainer_data_parallel_coordinates(
     if hasattr(strategy, "data_parallel_rank") and hasattr(strategy, "data_parallel_size"):
         return int(strategy.data_parallel_rank), int(strategy.data_parallel_size)
     return data_parallel_coordinates(trainer.global_rank, trainer.world_size, sequence_parallel_size)
+
+
+@dataclass(frozen=True)
+class TrainingPosition:
+    """A copy of where training is in the stream (:meth:`LongVideoReasonDataModule.training_position`)."""
+
+    epoch: int
+    next_positions: dict[int, int]
+    """Per worker, the next raw position not yet trained on."""
+    untrained: dict[tuple[int, int], set[int]]
+    """Per (epoch, worker), positions handed out but not trained on."""
 
 
 class LongVideoReasonDataModule(L.LightningDataModule):
@@ -227,6 +245,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             # Decoding is the slow part: let each worker run a couple of batches ahead.
             prefetch_factor=2 if workers > 0 else None,
             multiprocessing_context=self.hparams.worker_start_method if workers > 0 else None,
+            worker_init_fn=leave_stopping_to_the_trainer if workers > 0 else None,
         )
 
     def train_dataloader(self) -> EpochAwareDataLoader:
@@ -272,6 +291,21 @@ class LongVideoReasonDataModule(L.LightningDataModule):
                 self._untrained.get((epoch, worker), set()).discard(position)
         return batch
 
+    def training_position(self) -> TrainingPosition:
+        """Where training is in the stream now (a copy), to :meth:`rewind_training_position` to."""
+        return TrainingPosition(
+            self._trained_epoch,
+            dict(self._trained_positions),
+            {key: set(positions) for key, positions in self._untrained.items()},
+        )
+
+    def rewind_training_position(self, position: TrainingPosition) -> None:
+        """Back to ``position``: the batches handed to training since then count as not trained
+        on (a step stopped before training on its batch, :class:`core.failures.StepNotTaken`)."""
+        self._trained_epoch = position.epoch
+        self._trained_positions = dict(position.next_positions)
+        self._untrained = {key: set(positions) for key, positions in position.untrained.items()}
+
     def _read_again(self) -> dict[int, list[int]]:
         """Per worker, the positions of the trained epoch below its next position that were read
         but not trained on (empty unless dynamic sampling drew past a batch fetched ahead)."""
@@ -290,12 +324,15 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         """
         rank, size = trainer_data_parallel_coordinates(self.trainer, self.hparams.sequence_parallel_size)
         again = self._read_again()
+        untrained = any(held for (epoch, _), held in self._untrained.items() if epoch == self._trained_epoch)
         mine = {
             "epoch": self._trained_epoch,
             "next_positions": dict(self._trained_positions),
             "read_again": again,
-            # Read to its end, and nothing of it left untrained: the last batch trained was its last.
-            "epoch_finished": self._exhausted_epoch >= self._trained_epoch and not again,
+            # Read to its end, and nothing read of it left untrained (a rewound step's batch, a
+            # batch fetched ahead while dynamic sampling drew later ones): the last batch trained
+            # was its last.
+            "epoch_finished": self._exhausted_epoch >= self._trained_epoch and not untrained,
             "skipped_samples": self.skipped.value,
             "skipped_by_reason": self.skipped.by_reason(),
         }

@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import random
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -311,6 +313,29 @@ class VideoQAStream(IterableDataset):
             if sample is not None:
                 sample.epoch, sample.worker, sample.position = self.epoch, worker_id, position
                 yield sample
+
+
+def leave_stopping_to_the_trainer(worker_id: int) -> None:
+    """A dataloader worker's ``worker_init_fn``: on SIGTERM, exit with status 0.
+
+    A scheduler pre-empting a job, ``timeout`` or ``kill -- -PGID`` signals every process of the
+    job, the workers too, and from a process other than the trainer (torch's own handler in the
+    workers exits quietly only on a SIGTERM from their parent). Killed by the signal, a worker
+    would make torch's SIGCHLD handler raise in the trainer wherever it is (seen in a rollout's
+    forward pass and in the middle of writing a checkpoint): the run would end with a traceback
+    instead of finishing its step and saving it. Exiting cleanly leaves the stop to the trainer,
+    which has the same signal; should it ask that worker for more data, torch reports the
+    worker gone ("exited unexpectedly").
+    ``SystemExit`` rather than ``os._exit``, so that the worker's queue still flushes what it
+    holds; should that flush block (a full pipe), the SIGTERM with which torch ends a worker
+    that outlives its shutdown ends it at once.
+    """
+
+    def exit_quietly(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, exit_quietly)
 
 
 class EpochAwareDataLoader(torch.utils.data.DataLoader):

@@ -4,7 +4,11 @@ An engine that raises during a rollout (a crashed worker, a lost device) is shut
 again on the current policy with the current weights (streamed in buckets like every sync), and
 the rollout retried once; a second failure, or a rollout that outlives ``timeout_s`` (an
 in-process engine that hangs cannot be recovered in place), raises
-:class:`~core.failures.RolloutFailed`, which stops training with a checkpoint.
+:class:`~core.failures.RolloutFailed`, which stops training with a checkpoint. A rollout that
+fails after a stop signal has arrived is not retried (a scheduler's SIGTERM reaches the engine's
+processes too, and restarting an engine can outlast the grace period before its SIGKILL):
+:class:`~core.failures.StoppedBySignal` stops training at once, with a checkpoint of the last
+finished step.
 
 Under FSDP2 the sync gathers every parameter with a collective, so a restarted engine gets its
 weights only if every rank syncs with it: an engine that fails on some ranks only is not yet
@@ -21,7 +25,7 @@ from typing import TypeVar
 
 import torch
 
-from core.failures import RolloutFailed
+from core.failures import RolloutFailed, StoppedBySignal
 from rollout.base import PolicyHandle, RolloutEngine
 from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, SyncReport, sync_weights
 
@@ -42,6 +46,8 @@ class EngineSupervisor:
         timeout_s: longest a rollout may take; None: no limit.
         bucket_bytes: the most bytes of gathered weights handed to the engine at once
             (:func:`rollout.weight_sync.sync_weights`).
+        stop_requested: whether a stop signal has arrived (the trainer's ``received_sigterm``);
+            a rollout that fails then is not retried.
     """
 
     def __init__(
@@ -51,6 +57,7 @@ class EngineSupervisor:
         weights: Callable[[], Iterable[tuple[str, torch.Tensor]]],
         timeout_s: float | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_MB * MIB,
+        stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"rollout_timeout_s={timeout_s} must be positive or null")
@@ -61,6 +68,7 @@ class EngineSupervisor:
         self.weights = weights
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
+        self.stop_requested = stop_requested
         self.restarts = 0
         """Engines restarted after a failed rollout."""
         self.last_sync = SyncReport()
@@ -93,6 +101,11 @@ class EngineSupervisor:
         except RolloutFailed:
             raise
         except Exception as error:
+            if self.stop_requested():
+                raise StoppedBySignal(
+                    f"the rollout of step {step} failed after a stop signal ({type(error).__name__}: "
+                    f"{error}); not retried"
+                ) from error
             log.error(
                 "step %d: the rollout engine failed (%s: %s); restarting it and retrying the rollout",
                 step,

@@ -50,8 +50,11 @@ def recorded_sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_di
     )
 
 
-def start_fit(config: Path, stderr: int = subprocess.PIPE, *args: str) -> subprocess.Popen:
-    """`lvrl fit --config CONFIG ARGS` in the background (offline wandb, the test probes importable)."""
+def start_fit(
+    config: Path, stderr: int = subprocess.PIPE, *args: str, own_group: bool = False
+) -> subprocess.Popen:
+    """`lvrl fit --config CONFIG ARGS` in the background (offline wandb, the test probes
+    importable); with ``own_group``, in a process group of its own (its data workers too)."""
     return subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(config), *args],
         cwd=REPO_ROOT,
@@ -59,17 +62,26 @@ def start_fit(config: Path, stderr: int = subprocess.PIPE, *args: str) -> subpro
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
+        start_new_session=own_group,
     )
 
 
-def run_until(config: Path, run_dir: Path, step: int, sig: int, *args: str, timeout: float = 300) -> int:
-    """Start `lvrl fit ARGS`, send ``sig`` once step ``step`` has finished; return the exit code."""
-    process = start_fit(config, subprocess.PIPE, *args)
+def run_until(
+    config: Path, run_dir: Path, step: int, sig: int, *args: str, timeout: float = 300, group: bool = False
+) -> int:
+    """Start `lvrl fit ARGS`, send ``sig`` once step ``step`` has finished; return the exit code.
+
+    With ``group``, the signal goes to the run's whole process group, as a job scheduler, a
+    shell's Ctrl-C or `timeout` send it: the data loader's workers get it too."""
+    process = start_fit(config, subprocess.PIPE, *args, own_group=group)
     steps = run_dir / "steps.jsonl"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         if steps.exists() and any(json.loads(x)["step"] >= step for x in steps.read_text().splitlines()):
-            process.send_signal(sig)
+            if group:
+                os.killpg(process.pid, sig)
+            else:
+                process.send_signal(sig)
             break
         time.sleep(0.05)
     try:
@@ -128,6 +140,22 @@ def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_m
     assert_same_run(run_dir, uninterrupted)
 
 
+def test_a_sigterm_to_the_whole_process_group_stops_after_the_step_and_resumes_exactly(
+    uninterrupted, tmp_path, synth_dir, tiny_model_dir
+):
+    # A scheduler's pre-emption signals every process of the job: the data loader's worker
+    # must not die with it (its death would raise in the trainer wherever it happens to be,
+    # and the run would end with a traceback and no checkpoint of its last step).
+    run_dir = tmp_path / "group"
+    config = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
+    code = run_until(config, run_dir, 2, signal.SIGTERM, group=True)
+    assert code == 143
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] >= 2
+    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
+    assert_same_run(run_dir, uninterrupted)
+
+
 def test_a_sigterm_after_the_steps_checkpoint_hook_saves_that_step_and_resumes_exactly(
     uninterrupted, tmp_path, synth_dir, tiny_model_dir
 ):
@@ -182,16 +210,46 @@ def test_a_grpo_run_resumes_exactly(uninterrupted_grpo, tmp_path, synth_dir, tin
     assert saved_step() == 2
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
 
-    got, expected = steps_of(killed), steps_of(uninterrupted_grpo)
+    assert_same_grpo_run(killed, uninterrupted_grpo)
+
+
+def assert_same_grpo_run(run_dir: Path, reference: Path) -> None:
+    got, expected = steps_of(run_dir), steps_of(reference)
     assert sorted(got) == sorted(expected) == list(range(1, GRPO_STEPS + 1))
     assert {tuple(s) for s in expected[3]["stream"]} == {(1, 0, 0), (1, 0, 1)}  # step 3 opens epoch 2
     for step in expected:
         assert got[step]["keys"] == expected[step]["keys"], f"step {step} trained on other samples"
         for field in ("rollout_logprob_sum", "loss", "reward"):
             assert_identical(got[step][field], expected[step][field], reason=f"grpo step {step} {field}")
-    ours, theirs = weights_of(killed), weights_of(uninterrupted_grpo)
+    ours, theirs = weights_of(run_dir), weights_of(reference)
     for name in theirs:
         assert_identical(ours[name], theirs[name], reason=f"grpo {name} weights, resumed")
+
+
+def test_a_rollout_failing_after_a_sigterm_is_not_retried_and_the_run_resumes_exactly(
+    uninterrupted_grpo, tmp_path, synth_dir, tiny_model_dir
+):
+    # A scheduler's SIGTERM reaches the engine's processes too, and the rollout under way fails.
+    # Restarting the engine could outlast the grace period before the SIGKILL: the run stops at
+    # once with the last finished step saved (the batch of the failed one is read again), and
+    # exits as a pre-empted run.
+    run_dir = tmp_path / "termed"
+    config_path = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
+    config = yaml.safe_load(config_path.read_text())
+    config["trainer"]["callbacks"][:0] = [
+        {"class_path": "helpers.resume_probe.EngineKiller", "init_args": {"at_step": 1, "sigterm": True}}
+    ]
+    config_path.write_text(yaml.safe_dump(config))
+    stopped = lvrl("fit", "--config", str(config_path))
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "the rollout of step 1 failed after a stop signal" in stopped.stderr
+    assert "restarting it" not in stopped.stdout + stopped.stderr
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 1
+    config["trainer"]["callbacks"].pop(0)
+    config_path.write_text(yaml.safe_dump(config))
+    run_lvrl("fit", "--config", str(config_path), "--ckpt_path", "last")
+    assert_same_grpo_run(run_dir, uninterrupted_grpo)
 
 
 def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, synth_dir, tiny_model_dir):

@@ -110,11 +110,13 @@ class SeededAdvantages(L.Callback):
 
 class EngineKiller(L.Callback):
     """Shuts the rollout engine down before the rollout of ``at_step`` (put it before the rollout
-    callback), as a crashed engine; with ``every_restart`` also each engine started after that."""
+    callback), as a crashed engine; with ``every_restart`` also each engine started after that;
+    with ``sigterm``, sends this process a SIGTERM first (a pre-emption that stops the engine)."""
 
-    def __init__(self, at_step: int, every_restart: bool = False) -> None:
+    def __init__(self, at_step: int, every_restart: bool = False, sigterm: bool = False) -> None:
         self.at_step = at_step
         self.every_restart = every_restart
+        self.sigterm = sigterm
         self.done = False
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -135,6 +137,8 @@ class EngineKiller(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.at_step and not self.done:
+            if self.sigterm:
+                os.kill(os.getpid(), signal.SIGTERM)
             self.rollout.engine.shutdown()
             self.done = True
 

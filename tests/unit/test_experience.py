@@ -12,7 +12,7 @@ from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoProcessor
 
-from core.failures import RolloutFailed
+from core.failures import RolloutFailed, StoppedBySignal
 from core.layout import pad_rows
 from models.loading import load_model
 from models.logprobs import completion_logprobs
@@ -98,12 +98,15 @@ class FlakyEngine(RolloutEngine):
         self.pushed.append([name for name, _ in named_tensors])
 
 
-def supervised(engine: FlakyEngine, timeout_s: float | None = None) -> EngineSupervisor:
+def supervised(
+    engine: FlakyEngine, timeout_s: float | None = None, stop_requested: bool = False
+) -> EngineSupervisor:
     supervisor = EngineSupervisor(
         engine,
         policy=lambda: PolicyHandle("policy-dir", torch.nn.Linear(1, 1), None),
         weights=lambda: [("w", torch.zeros(1))],
         timeout_s=timeout_s,
+        stop_requested=lambda: stop_requested,
     )
     supervisor.start(sync_weights=False)
     return supervisor
@@ -115,6 +118,17 @@ def test_a_failed_engine_is_restarted_with_the_weights_and_the_rollout_retried()
     results = supervisor.run(lambda e: e.generate([], SamplingConfig(n=2)), step=7)
     assert results == [] and supervisor.restarts == 1
     assert engine.starts == ["policy-dir", "policy-dir"] and engine.pushed == [["w"]]
+
+
+def test_a_rollout_failing_after_a_stop_signal_is_not_retried() -> None:
+    engine = FlakyEngine(fail=1)
+    supervisor = supervised(engine, stop_requested=True)
+    rollout = lambda e: e.generate([], SamplingConfig(n=2))  # noqa: E731
+    with pytest.raises(StoppedBySignal, match=r"step 4 failed after a stop signal \(ConnectionError"):
+        supervisor.run(rollout, step=4)
+    assert supervisor.restarts == 0 and engine.starts == ["policy-dir"] and engine.pushed == []
+    # A stop signal with an engine that answers: the rollout is returned as usual.
+    assert supervised(FlakyEngine(), stop_requested=True).run(rollout, step=5) == []
 
 
 def test_a_second_failure_or_a_hang_stops_with_rollout_failed() -> None:
