@@ -435,9 +435,11 @@ def token_counts(arch: Architecture, run: RunSettings) -> Tokens:
     timestamps = run.num_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
     prompt = video + run.text_tokens + timestamps
     completion = run.completion_tokens * (run.tool_calls + 1)
-    served = video_tokens(vision, run.tool_frames, run.max_pixels_per_frame) if run.tool_calls else 0
-    served_timestamps = run.tool_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
-    replies = served + served_timestamps + run.tool_calls * TOOL_REPLY_TEXT_TOKENS if run.tool_calls else 0
+    served = replies = 0
+    if run.tool_calls:
+        served = video_tokens(vision, run.tool_frames, run.max_pixels_per_frame)
+        written_times = run.tool_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
+        replies = served + written_times + run.tool_calls * TOOL_REPLY_TEXT_TOKENS
     sp = run.sequence_parallel_size
     if run.kind == "grpo":
         total_rows = run.batch_size * run.num_generations

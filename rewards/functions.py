@@ -52,7 +52,7 @@ _MINUS_SIGNS = str.maketrans({"\u2212": "-"})
 _EXTRA_EDGE_CHARS = frozenset("`*_~")
 
 
-def _per_sample(name: str, values: Sequence[Any] | None, n: int) -> Sequence[Any]:
+def per_sample(name: str, values: Sequence[Any] | None, n: int) -> Sequence[Any]:
     """The per-completion list of a field, or ``n`` ``None``s when the caller did not give it."""
     if values is None:
         return [None] * n
@@ -101,7 +101,7 @@ def reasoning_agreement_reward(
     ... ], options=options)
     [1.0, 0.0, 0.0]
     """
-    option_lists = _per_sample("options", options, len(completions))
+    option_lists = per_sample("options", options, len(completions))
     scores = []
     for completion, listed in zip(completions, option_lists, strict=True):
         listed = list(listed or [])
@@ -161,8 +161,8 @@ def choice_accuracy_reward(
     [1.0]
     """
     n = len(completions)
-    keys = _per_sample("answer", answer, n)
-    option_lists = _per_sample("options", options, n)
+    keys = per_sample("answer", answer, n)
+    option_lists = per_sample("options", options, n)
     return [_choice_score(c, k, o) for c, k, o in zip(completions, keys, option_lists, strict=True)]
 
 
@@ -238,7 +238,7 @@ def numeric_accuracy_reward(
     [1.0]
     """
     n = len(completions)
-    keys = _per_sample("answer", answer, n)
+    keys = per_sample("answer", answer, n)
     return [_numeric_score(c, k, rel_tol, abs_tol) for c, k in zip(completions, keys, strict=True)]
 
 
@@ -328,9 +328,9 @@ def accuracy_reward(
     [1.0, 1.0, 1.0, 0.0]
     """
     n = len(completions)
-    keys = _per_sample("answer", answer, n)
-    kinds = _per_sample("problem_type", problem_type, n)
-    option_lists = _per_sample("options", options, n)
+    keys = per_sample("answer", answer, n)
+    kinds = per_sample("problem_type", problem_type, n)
+    option_lists = per_sample("options", options, n)
     scores = []
     for completion, key, kind, sample_options in zip(completions, keys, kinds, option_lists, strict=True):
         kind = answer_kind(kind)

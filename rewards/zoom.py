@@ -23,6 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from rewards.functions import per_sample
 from rewards.registry import register
 
 _LISTING = re.compile(r"Markers by colour:\s*([^.]*)\.")
@@ -74,7 +75,5 @@ def marker_listing_reward(
     completions: Sequence[str], *, reasoning: Sequence[str | None] | None = None, **_: Any
 ) -> list[float]:
     """Per completion, :func:`listing_score` against its row's reference ``reasoning``."""
-    references = list(reasoning) if reasoning is not None else [None] * len(completions)
-    if len(references) != len(completions):
-        raise ValueError(f"field 'reasoning' has {len(references)} values for {len(completions)} completions")
+    references = per_sample("reasoning", reasoning, len(completions))
     return [listing_score(c, r or "") for c, r in zip(completions, references, strict=True)]
