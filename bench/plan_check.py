@@ -22,8 +22,9 @@ mapping, returned to the kernel when freed, so resident memory follows live tens
 high-water mark misses no short peak, where a sampling thread could. The slowest rank's (the
 largest) figure is reported, as a GPU run is bounded by its fullest device.
 
-Until the FSDP2 strategy (issue 16) is on main the sharding is done here with the agreed
-layout; once it lands, this should shard through the strategy's own function.
+The sharding is lvrl's own, :func:`parallel.sharding.shard_model` with the layout a module with a
+frozen vision tower gives the strategy (:meth:`models.vlm_module.VLMModule.sharding_layout`),
+not a copy.
 
 ``PLAN_CHECK_TRACE=1`` also prints each rank's peak per part of each step (encoding, each
 micro-batch's forward and backward, the optimizer update).
