@@ -18,6 +18,11 @@ The engine calls of one training step, in order::
 Weights are loaded into an awake engine (vLLM's sleep level 1 has moved them to CPU memory and
 dropped the KV cache); the engine stays awake into the next step's rollout, so each step wakes
 and sleeps it once. ``start`` (and a restart) leaves it awake.
+
+On CUDA each step also logs its phases' peak allocated memory (:mod:`core.device_memory`):
+``memory/rollout_peak_gib`` (the rollout, the engine's own reservation aside),
+``memory/train_peak_gib`` (scoring, backward and optimizer step) and ``memory/held_gib`` (what
+stays allocated after the update), the figures ``lvrl plan`` predicts.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from core.device_memory import PhasePeaks
 from core.frame_requests import FrameBudget
 from core.settings import settings_block
 from core.video import VideoEncoder
@@ -206,6 +212,7 @@ class RolloutCallback(Callback):
         self.forbidden_token_ids = forbidden_completion_ids(pl_module.policy().tokenizer)
         self.supervisor.start(sync_weights=False)
         self._first_rollout = True
+        self._peaks = PhasePeaks(pl_module.device)
 
     # -- before the step: rollouts ------------------------------------------------------------
     def on_train_batch_start(
@@ -275,6 +282,7 @@ class RolloutCallback(Callback):
             )
 
         started = time.perf_counter()
+        self._peaks.begin()
         # Awake: started so, or woken for the last weight sync.
         report: RefillReport | None = None
         if self.dynamic_sampling is None:
@@ -291,9 +299,13 @@ class RolloutCallback(Callback):
                 length_multiple=length_multiple,
             )
         self.engine.sleep()  # the trainer gets the device until the weight sync
+        rollout_peak = self._peaks.peak_gib()
         pl_module.receive_rollouts(rollouts)
         # Statistics and samples of everything sampled, not only the groups that train.
         self._log(pl_module, rounds, time.perf_counter() - started, report)
+        if rollout_peak is not None:
+            pl_module.log("memory/rollout_peak_gib", rollout_peak, batch_size=1)
+        self._peaks.begin()  # the update's peak, from what the rollout leaves allocated
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
             self._write_samples(trainer, rounds)
         self._train_started = time.perf_counter()
@@ -372,6 +384,10 @@ class RolloutCallback(Callback):
     ) -> None:
         started = time.perf_counter()
         pl_module.log("time/train_s", started - self._train_started, batch_size=1)
+        train_peak, held = self._peaks.peak_gib(), self._peaks.held_gib()
+        if train_peak is not None and held is not None:
+            pl_module.log("memory/train_peak_gib", train_peak, batch_size=1)
+            pl_module.log("memory/held_gib", held, batch_size=1)
         assert self.supervisor is not None
         self.engine.wake()  # weights are loaded into an awake engine
         report = self.supervisor.sync_weights()
