@@ -8,6 +8,13 @@ is. A model whose listings are right but whose answers are not has the seeing an
 step from listing to letter (what GRPO trains, README "What sets each seed's gain"); one whose
 listings are wrong can only guess.
 
+The times are checked apart: a listing's times are right when each marker it gives a time has the
+reference's (the marker's first frame, which is the frame a request for the blue stretch at 1 fps
+serves it in; a request at another span or rate can see it later, so "right" is a lower bound),
+and tied when two colours share a time (the listing then cannot order them). A model whose
+written times are neither right nor distinct but whose order is (measured: README "What the
+written times show") does not order the markers from the times it writes.
+
 Usage: python bench/zoom_listings.py EVAL_DIR [EVAL_DIR ...] [--data data/zoom]
 (an evaluation folder as ``bench/zoom.py`` writes it: ``<run>-eval`` with ``predictions/``).
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tarfile
 from dataclasses import dataclass
@@ -26,6 +34,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.commands.report import last_records
 from core.qa import CATEGORIES
 from rewards.zoom import listing_score
+
+_LISTING = re.compile(r"Markers by colour:\s*(.*?)\.(?!\d)")
+_TIMED_ENTRY = re.compile(r"^\s*(\w+)\s+\w+\s+at\s+(\d+:\d\d|[\d.]+ seconds)\s*$")
+
+
+def written_times(text: str) -> dict[str, str]:
+    """Colour -> the time the last ``Markers by colour: ...`` clause of ``text`` writes for it
+    (colours listed as ``none`` or without a time are left out).
+
+    >>> written_times("Markers by colour: red none, green small at 00:14, white huge at 00:02. In")
+    {'green': '00:14', 'white': '00:02'}
+    >>> written_times("Markers by colour: red small at 14.5 seconds, green none. In time order: red.")
+    {'red': '14.5 seconds'}
+    """
+    clauses = _LISTING.findall(text)
+    if not clauses:
+        return {}
+    entries = (_TIMED_ENTRY.match(entry) for entry in clauses[-1].split(","))
+    return {match[1].lower(): match[2] for match in entries if match}
 
 
 def reference_readings(data: Path) -> dict[str, str]:
@@ -49,13 +76,17 @@ class Listings:
     listed_right: int = 0
     right_given_listed_right: int = 0
     right_given_listed_wrong: int = 0
+    timed: int = 0  # answers whose reference gives at least one marker (so a time)
+    times_right: int = 0
+    times_tied: int = 0
 
     def line(self) -> str:
         wrong = self.answers - self.listed_right
         return (
             f"listing right {self.listed_right}/{self.answers}; answer right given a right listing "
             f"{self.right_given_listed_right}/{self.listed_right}, given a wrong one "
-            f"{self.right_given_listed_wrong}/{wrong}"
+            f"{self.right_given_listed_wrong}/{wrong}; written times right {self.times_right}/{self.timed}, "
+            f"two colours at one time {self.times_tied}/{self.timed}"
         )
 
 
@@ -70,10 +101,16 @@ def tally(eval_dir: Path, readings: dict[str, str]) -> dict[str, Listings]:
         if reference is None:
             raise SystemExit(f"{eval_dir}: {record.get('problem_id')!r} is not a held-out row of the data")
         listed_right = listing_score(record["completion"], reference) == 1.0
+        truth, written = written_times(reference), written_times(record["completion"])
+        times_right = bool(truth) and written == truth
+        times_tied = len(set(written.values())) < len(written)
         for name in ("all", record["category"]):
             entry = counts[name]
             entry.answers += 1
             entry.listed_right += listed_right
+            entry.timed += bool(truth)
+            entry.times_right += times_right
+            entry.times_tied += bool(truth) and times_tied
             if listed_right:
                 entry.right_given_listed_right += bool(record["correct"])
             else:

@@ -99,6 +99,9 @@ MARKER_SIZES: dict[str, float] = {"small": 2 / 7, "medium": 3 / 7, "large": 9 / 
 """A marker's side as a fraction of the frame's (16, 24, 36 and 48 pixels in 56-pixel frames)."""
 COUNT_OPTIONS: tuple[str, ...] = ("0", "1", "2", "3")
 
+LISTED_TIMES = ("clock", "patch")
+"""How a reading writes a marker's time (:attr:`ZoomConfig.listed_times`)."""
+
 QUESTIONS = {
     "Temporal": "Which marker colour appears first during the blue stretch?",
     "Goal and Purpose": "Which marker colour appears last before the blue stretch ends?",
@@ -125,6 +128,14 @@ class ZoomConfig:
         seed: base seed.
         noise: per-pixel noise amplitude (0 by default: flat frames compress ~25-fold better, and
             the markers already make frames differ).
+        listed_times: how a reading writes a marker's time. ``clock``: the time of the frame it
+            is first seen in, as ``mm:ss`` (``00:35``). ``patch``: the timestamp Qwen3-VL's
+            processor writes before the temporal patch that frame is in, as it writes it
+            (``35.5 seconds``: the mean of the patch's two frame times), so naming it is a copy
+            from the prompt rather than a conversion (why: README, "What the written times
+            show"). A reading without served frames (the dense target ``reasoning``) writes the
+            patch a request at ``request_fps`` would serve. Videos and questions are the same
+            either way; only the readings' text differs.
     """
 
     num_frames: int = 1024
@@ -136,8 +147,11 @@ class ZoomConfig:
     request_fps: float = 1.0
     seed: int = 0
     noise: int = 0
+    listed_times: str = "clock"
 
     def __post_init__(self) -> None:
+        if self.listed_times not in LISTED_TIMES:
+            raise ValueError(f"listed_times must be one of {LISTED_TIMES}, got {self.listed_times!r}")
         if self.size < 28 or self.size % 2:
             raise ValueError("size must be even and >= 28")
         if not (math.isfinite(self.fps) and self.fps > 0 and self.request_fps > 0):
@@ -254,11 +268,25 @@ def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = 
             return marker.start_frame
         return next(i for i in frames if marker.start_frame <= i < marker.start_frame + config.marker_frames)
 
+    def written_time(marker: Marker) -> str:
+        first = seen_at(marker)
+        if config.listed_times == "clock":
+            return format_timestamp(first / config.fps)
+        if frames is None:  # the patch a request at request_fps serves from this frame
+            return f"{first / config.fps + 0.5 / config.request_fps:.1f} seconds"
+        # Served frames pair into temporal patches in order; the processor writes their mean time
+        # (a last patch short of a frame is padded with a copy of its frame).
+        served = sorted(frames)
+        pair_start = served.index(first) - served.index(first) % TEMPORAL_PATCH
+        patch = served[pair_start : pair_start + TEMPORAL_PATCH]
+        patch += [patch[-1]] * (TEMPORAL_PATCH - len(patch))
+        return f"{sum(patch) / len(patch) / config.fps:.1f} seconds"
+
     by_colour = {m.color: m for m in markers}
     if len(by_colour) != len(markers):
         raise ValueError("the markers of one stretch must differ in colour")
     listed = ", ".join(
-        f"{color} {by_colour[color].size} at {format_timestamp(seen_at(by_colour[color]) / config.fps)}"
+        f"{color} {by_colour[color].size} at {written_time(by_colour[color])}"
         if color in by_colour
         else f"{color} none"
         for color in MARKER_COLORS

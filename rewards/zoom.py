@@ -26,7 +26,8 @@ from typing import Any
 from rewards.functions import per_sample
 from rewards.registry import register
 
-_LISTING = re.compile(r"Markers by colour:\s*([^.]*)\.")
+# The clause ends at its first full stop: a period not inside a number ("35.5 seconds").
+_LISTING = re.compile(r"Markers by colour:\s*(.*?)\.(?!\d)")
 
 
 def marker_listing(text: str) -> dict[str, str | None] | None:

@@ -31,7 +31,7 @@ from datatools.released_build import (
 from datatools.shard_writer import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datatools.synthetic import SPLITS, SynthConfig, encode_sample, encoded_samples, released_row
 from datatools.video_probe import DEFAULT_PROBE_FRAMES
-from datatools.zoom_task import ZoomConfig
+from datatools.zoom_task import LISTED_TIMES, ZoomConfig
 from datatools.zoom_task import encode_sample as zoom_sample
 
 
@@ -180,6 +180,13 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
         "--size", type=_positive_int, default=defaults.size, help="side of the frames in pixels"
     )
     zoom.add_argument("--seed", type=_non_negative_int, default=defaults.seed, help="base random seed")
+    zoom.add_argument(
+        "--listed-times",
+        choices=LISTED_TIMES,
+        default=defaults.listed_times,
+        help="how the readings write a marker's time: clock 'mm:ss' of its frame, or patch: Qwen3-VL's "
+        "'<t seconds>' timestamp of its temporal patch, copied as the prompt writes it ('35.5 seconds')",
+    )
     zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
     zoom.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
@@ -436,6 +443,7 @@ def run_zoom(args: argparse.Namespace) -> None:
             slots=args.slots,
             size=args.size,
             seed=args.seed,
+            listed_times=args.listed_times,
         )
     except ValueError as err:
         raise SystemExit(f"lvrl data zoom: error: {err}") from err

@@ -162,35 +162,46 @@ def test_each_continuation_trains_with_the_first_runs_recipe_changes(
 
 
 def test_listings_are_tallied_against_the_held_out_rows(tmp_path: Path) -> None:
-    """bench/zoom_listings.py: a listing is right when every colour's size is; counts by hand."""
+    """bench/zoom_listings.py: a listing is right when every colour's size is; its times are right
+    when every time is the reference's, tied when two colours share one; counts by hand."""
     truth = "Markers by colour: red none, green small at 00:14, yellow huge at 00:00, white none."
-    rows = {"synth-val-000000": truth, "synth-test-000001": truth}
-    for split, (problem_id, reasoning) in zip(("val", "test"), rows.items(), strict=True):
+    rows = {
+        "val": {"synth-val-000000": truth, "synth-val-000002": truth},
+        "test": {"synth-test-000001": truth, "synth-test-000003": truth},
+    }
+    for split, split_rows in rows.items():
         with tarfile.open(tmp_path / f"{split}-00000.tar", "w") as tar:
-            body = json.dumps({"problem_id": problem_id, "reasoning": reasoning}).encode()
-            member = tarfile.TarInfo(f"{problem_id}.json")
-            member.size = len(body)
-            tar.addfile(member, io.BytesIO(body))
+            for problem_id, reasoning in split_rows.items():
+                body = json.dumps({"problem_id": problem_id, "reasoning": reasoning}).encode()
+                member = tarfile.TarInfo(f"{problem_id}.json")
+                member.size = len(body)
+                tar.addfile(member, io.BytesIO(body))
     readings = reference_readings(tmp_path)
-    assert readings == rows
+    assert readings == {**rows["val"], **rows["test"]}
     listed = (
         "<think>Markers by colour: red none, green small at 00:09, yellow huge at 00:01, white none.</think>"
     )
     misread = listed.replace("yellow huge", "yellow large")
+    tied = listed.replace("00:01", "00:09")
     (tmp_path / "eval" / "predictions").mkdir(parents=True)
     records = [
         {"problem_id": "synth-val-000000", "category": "Temporal", "completion": listed, "correct": False},
         {"problem_id": "synth-test-000001", "category": "Spatial", "completion": misread, "correct": True},
+        {"problem_id": "synth-val-000002", "category": "Temporal", "completion": truth, "correct": True},
+        {"problem_id": "synth-test-000003", "category": "Temporal", "completion": tied, "correct": False},
     ]
     lines = "".join(json.dumps(r) + "\n" for r in records)
     (tmp_path / "eval" / "predictions" / "val-step000000.jsonl").write_text(lines)
     counts = tally(tmp_path / "eval", readings)
     every = counts["all"]
-    assert (every.answers, every.listed_right) == (2, 1)
-    assert (every.right_given_listed_right, every.right_given_listed_wrong) == (0, 1)
-    assert counts["Temporal"].listed_right == 1 and counts["Spatial"].listed_right == 0
+    assert (every.answers, every.listed_right) == (4, 3)
+    assert (every.right_given_listed_right, every.right_given_listed_wrong) == (1, 1)
+    assert counts["Temporal"].listed_right == 3 and counts["Spatial"].listed_right == 0
+    assert (every.timed, every.times_right, every.times_tied) == (4, 1, 1)
+    assert (counts["Temporal"].times_right, counts["Temporal"].times_tied) == (1, 1)
     assert every.line() == (
-        "listing right 1/2; answer right given a right listing 0/1, given a wrong one 1/1"
+        "listing right 3/4; answer right given a right listing 1/3, given a wrong one 1/1; "
+        "written times right 1/4, two colours at one time 1/4"
     )
 
 

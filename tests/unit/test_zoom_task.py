@@ -130,6 +130,48 @@ def test_the_reasoning_looks_markers_up_by_colour_then_orders_them_by_time(rows)
     assert len([o for o in orders if len(o) == 2]) >= 10
 
 
+def test_patch_times_are_the_processors_own_timestamps(tmp_path) -> None:
+    """``listed_times="patch"``: each listed time is, character for character, the ``<t seconds>``
+    Qwen3-VL's processor writes before the temporal patch the marker is first served in, for the
+    trace's request (the stretch at 1 fps) and for one a second off its grid."""
+    import re
+
+    from models.build import build_model_dir
+    from models.loading import load_processor
+
+    processor = load_processor(build_model_dir("tiny", tmp_path / "qwen3_vl", seed=0, family="qwen3_vl"))
+    config = ZoomConfig(listed_times="patch")
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "?"}]}]
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    checked = 0
+    for index in range(8):
+        row = make_row(config, "val", index)[0]
+        stretch = row.extra["zoom"]["landmark_slot"] * config.slot_frames
+        step = round(config.fps / config.request_fps)
+        for served in (
+            list(range(stretch, stretch + config.slot_frames, step)),
+            list(range(stretch + step, stretch + config.slot_frames, step)),
+        ):
+            metadata = {"fps": config.fps, "total_num_frames": config.num_frames, "frames_indices": served}
+            frames = np.zeros((len(served), 64, 64, 3), dtype=np.uint8)
+            inputs = processor(text=[prompt], videos=[frames], video_metadata=[metadata], return_tensors="pt")
+            stamps = re.findall(r"<([0-9.]+ seconds)>", processor.tokenizer.decode(inputs["input_ids"][0]))
+            assert len(stamps) == -(-len(served) // TEMPORAL_PATCH)  # one per patch
+            listed = dict(re.findall(r"(\w+) \w+ at ([0-9.]+ seconds)", served_markers(config, row, served)))
+            for marker in markers_of(row):
+                shown = range(marker["start_frame"], marker["start_frame"] + config.marker_frames)
+                first = next(i for i in served if i in shown)
+                assert listed[marker["color"]] == stamps[served.index(first) // TEMPORAL_PATCH]
+                checked += 1
+    assert checked >= 16
+    # The dense target writes the patch the trace's request serves; clock readings stay mm:ss.
+    row = make_row(config, "val", 0)[0]
+    assert row.reasoning.split("Markers")[1] == row.extra["tool_trace"]["final_reasoning"].split("Markers")[1]
+    assert make_row(CONFIG, "val", 0)[0].reasoning != row.reasoning
+    with pytest.raises(ValueError, match="listed_times"):
+        ZoomConfig(listed_times="frames")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_marker_grid_matches_every_familys_temporal_patch(family: str) -> None:
     # The task generator loads no model, so it restates the patch length its grid is built on.
@@ -184,13 +226,14 @@ def test_the_command_renders_the_task(tmp_path) -> None:
 
     out = tmp_path / "zoom"
     small = ["--frames", "640", "--slots", "8", "--num-train", "0", "--num-val", "3", "--num-test", "0"]
-    run_lvrl("data", "zoom", "--out", str(out), *small)
+    run_lvrl("data", "zoom", "--out", str(out), "--listed-times", "patch", *small)
     config = json.loads((out / "dataset.json").read_text())["config"]
-    assert config["num_frames"] == 640 and config["slots"] == 8
+    assert config["num_frames"] == 640 and config["slots"] == 8 and config["listed_times"] == "patch"
     with tarfile.open(out / "val-00000.tar") as tar:
         row = json.loads(tar.extractfile("synth-val-000002.json").read())  # Spatial: one marker
         video = tar.extractfile("synth-val-000002.mp4").read()
     (marker,) = row["zoom"]["markers"]
+    assert f"at {marker['start_frame'] / config['fps'] + 0.5:.1f} seconds," in row["reasoning"]
     assert_marker_shown(decode_frames(video, [marker["start_frame"]], max_pixels=56 * 56).frames, marker)
     refused = lvrl("data", "zoom", "--out", str(tmp_path / "bad"), "--size", "27", *small)
     assert refused.returncode != 0 and "size must be even and >= 28" in refused.stderr
