@@ -130,7 +130,17 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
         print(f"training stopped: {stop}\ncontinue with --ckpt_path last once fixed", file=sys.stderr)
         sys.exit(1)
     except SIGTERMException:
-        # Lightning stops at the end of the step on SIGTERM (RunCheckpoint has saved last.ckpt)
-        # and raises a SystemExit with status 0, which would look like a finished run.
-        print("stopped by a signal; continue with --ckpt_path last", file=sys.stderr)
+        # Lightning stops at the end of the step (or evaluation batch) on SIGTERM and raises a
+        # SystemExit with status 0, which would look like a finished run.
+        print(f"stopped by a signal; {_how_to_continue(given)}", file=sys.stderr)
         sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
+
+
+def _how_to_continue(argv: Sequence[str]) -> str:
+    """What a run stopped by a signal leaves to do: training continues from ``last.ckpt``
+    (RunCheckpoint saved it); an evaluation saves no state to continue from, so it starts again."""
+    subcommand = next((arg for arg in argv if not arg.startswith("-")), None)
+    if subcommand == "fit":
+        return "continue with --ckpt_path last"
+    command = f"lvrl {subcommand}" if subcommand else "the run"
+    return f"{command} did not finish and saved nothing to continue from: run it again"

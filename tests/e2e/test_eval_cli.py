@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers.cli import run_lvrl
+from helpers.cli import lvrl, run_lvrl
 
 CPU_OVERRIDES = [
     "--trainer.accelerator", "cpu",
@@ -121,3 +121,20 @@ def test_eval_config_prints_the_table_and_writes_json_markdown_and_chart(
     # The report reached the (offline) wandb run: the chart and the table.
     media = next((run_dir / "wandb").glob("offline-run-*/files/media"))
     assert list(media.glob("images/eval/*.png")) and list(media.glob("table/eval/*.table.json"))
+
+
+def test_an_evaluation_stopped_by_a_signal_says_it_did_not_finish(eval_shards, tiny_model_dir, tmp_path):
+    """SIGTERM during `lvrl validate`: exit 143 (not 0, which would read as finished) and a
+    message that asks for the evaluation again, not for a checkpoint that validate never writes."""
+    shards, _ = eval_shards
+    result = lvrl(
+        "validate", "--config", "configs/eval/longvideo_reason.yaml",
+        "--model.model_path", str(tiny_model_dir),
+        "--data.val_shards", str(shards / "eval-*.tar"), "--data.num_frames", "4",
+        "--trainer.default_root_dir", str(tmp_path / "eval"),
+        "--trainer.callbacks+=helpers.resume_probe.SigtermInValidation", *CPU_OVERRIDES,
+    )  # fmt: skip
+    assert result.returncode == 143, result.stderr[-3000:]
+    assert "stopped by a signal; lvrl validate did not finish and saved nothing" in result.stderr
+    assert "--ckpt_path" not in result.stderr
+    assert not (tmp_path / "eval" / "eval" / "eval.json").exists()

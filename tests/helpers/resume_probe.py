@@ -177,3 +177,14 @@ class SigtermWhileLogging(Logger):
         # During training step N Lightning logs with step = the N - 1 batches stepped before it.
         if step is not None and step + 1 == self.at_step and "train/loss" in metrics:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SigtermInValidation(L.Callback):
+    """Sends this process a SIGTERM after the first validation batch, as a scheduler would. It
+    refuses to where nothing handles SIGTERM (Lightning registers its handler only for a run in
+    the main thread), which would end the whole test process."""
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            raise AssertionError("no SIGTERM handler is installed: the signal would kill this process")
+        os.kill(os.getpid(), signal.SIGTERM)
