@@ -33,9 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.report import last_records
 from core.qa import CATEGORIES
-from rewards.zoom import listing_score
+from rewards.zoom import listing_clause, listing_score
 
-_LISTING = re.compile(r"Markers by colour:\s*(.*?)\.(?!\d)")
 _TIMED_ENTRY = re.compile(r"^\s*(\w+)\s+\w+\s+at\s+(\d+:\d\d|[\d.]+ seconds)\s*$")
 
 
@@ -48,10 +47,7 @@ def written_times(text: str) -> dict[str, str]:
     >>> written_times("Markers by colour: red small at 14.5 seconds, green none. In time order: red.")
     {'red': '14.5 seconds'}
     """
-    clauses = _LISTING.findall(text)
-    if not clauses:
-        return {}
-    entries = (_TIMED_ENTRY.match(entry) for entry in clauses[-1].split(","))
+    entries = (_TIMED_ENTRY.match(entry) for entry in (listing_clause(text) or "").split(","))
     return {match[1].lower(): match[2] for match in entries if match}
 
 

@@ -277,8 +277,8 @@ def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = 
         # Served frames pair into temporal patches in order; the processor writes their mean time
         # (a last patch short of a frame is padded with a copy of its frame).
         served = sorted(frames)
-        pair_start = served.index(first) - served.index(first) % TEMPORAL_PATCH
-        patch = served[pair_start : pair_start + TEMPORAL_PATCH]
+        position = served.index(first)
+        patch = served[position - position % TEMPORAL_PATCH :][:TEMPORAL_PATCH]
         patch += [patch[-1]] * (TEMPORAL_PATCH - len(patch))
         return f"{sum(patch) / len(patch) / config.fps:.1f} seconds"
 

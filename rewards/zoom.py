@@ -30,6 +30,16 @@ from rewards.registry import register
 _LISTING = re.compile(r"Markers by colour:\s*(.*?)\.(?!\d)")
 
 
+def listing_clause(text: str) -> str | None:
+    """The body of the last ``Markers by colour: ...`` clause of ``text``, None without one.
+
+    >>> listing_clause("Markers by colour: red small at 14.5 seconds, green none. In time order: red.")
+    'red small at 14.5 seconds, green none'
+    """
+    clauses = _LISTING.findall(text)
+    return clauses[-1] if clauses else None
+
+
 def marker_listing(text: str) -> dict[str, str | None] | None:
     """The last ``Markers by colour: ...`` clause of ``text`` as colour -> size (``none`` when
     the colour is absent), or None without one. A colour given twice maps to None (ambiguous).
@@ -41,11 +51,11 @@ def marker_listing(text: str) -> dict[str, str | None] | None:
     >>> marker_listing("no listing") is None
     True
     """
-    clauses = _LISTING.findall(text)
-    if not clauses:
+    clause = listing_clause(text)
+    if clause is None:
         return None
     listed: dict[str, str | None] = {}
-    for entry in clauses[-1].split(","):
+    for entry in clause.split(","):
         words = entry.split()
         if len(words) < 2:
             continue
