@@ -202,6 +202,7 @@ class RolloutCallback(Callback):
             timeout_s=self.rollout_timeout_s,
             bucket_bytes=self.weight_sync_bucket_bytes,
             stop_requested=lambda: trainer.received_sigterm,
+            any_rank=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=False),
         )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -10,9 +10,13 @@ processes too, and restarting an engine can outlast the grace period before its 
 :class:`~core.failures.StoppedBySignal` stops training at once, with a checkpoint of the last
 finished step.
 
-Under FSDP2 the sync gathers every parameter with a collective, so a restarted engine gets its
-weights only if every rank syncs with it: an engine that fails on some ranks only is not yet
-recovered in place (the other ranks are not in the gathers).
+Under FSDP2 the sync gathers every parameter with a collective, and the checkpoint of a stop is
+gathered too, so the ranks agree on the outcome (``any_rank``): when a rollout failed on any rank,
+the failed ranks restart their engines, every rank syncs, the failed ones retry, and a stop signal
+or a second failure stops every rank at once. A rollout with collectives inside (sequence-parallel
+peers sharing out their requests, the frame tool encoding with its group) that fails on one rank
+still leaves its peers waiting in that collective until the process group's timeout, as does an
+engine that fails again part way through the restart's weight sync on one rank.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import gc
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 
@@ -48,6 +52,9 @@ class EngineSupervisor:
             (:func:`rollout.weight_sync.sync_weights`).
         stop_requested: whether a stop signal has arrived (the trainer's ``received_sigterm``);
             a rollout that fails then is not retried.
+        any_rank: whether a flag holds on any rank of the run (a collective every rank calls,
+            such as the strategy's ``reduce_boolean_decision(flag, all=False)``); the default is
+            this process alone.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class EngineSupervisor:
         timeout_s: float | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_MB * MIB,
         stop_requested: Callable[[], bool] = lambda: False,
+        any_rank: Callable[[bool], bool] = lambda flag: flag,
     ) -> None:
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"rollout_timeout_s={timeout_s} must be positive or null")
@@ -69,6 +77,7 @@ class EngineSupervisor:
         self.timeout_s = timeout_s
         self.bucket_bytes = bucket_bytes
         self.stop_requested = stop_requested
+        self.any_rank = any_rank
         self.restarts = 0
         """Engines restarted after a failed rollout."""
         self.last_sync = SyncReport()
@@ -85,41 +94,71 @@ class EngineSupervisor:
         self.last_sync = sync_weights(self.engine, self.weights(), self.bucket_bytes)
         return self.last_sync
 
-    def restart(self) -> None:
+    def _restart_engine(self) -> None:
         try:
             self.engine.shutdown()
         except Exception as error:  # it has failed already; only its resources matter now
             log.warning("shutting the failed engine down raised %s: %s", type(error).__name__, error)
         gc.collect()
-        self.start(sync_weights=True)
+        self.start(sync_weights=False)  # the weights follow, synced with every rank's
         self.restarts += 1
 
     def run(self, rollout: Callable[[RolloutEngine], T], step: int) -> T:
-        """``rollout(engine)`` within the time limit, retried once on a restarted engine."""
-        try:
-            return self._within_time_limit(rollout)
-        except RolloutFailed:
-            raise
-        except Exception as error:
-            if self.stop_requested():
-                raise StoppedBySignal(
-                    f"the rollout of step {step} failed after a stop signal ({type(error).__name__}: "
-                    f"{error}); not retried"
-                ) from error
+        """``rollout(engine)`` within the time limit, retried once on a restarted engine.
+
+        Every rank takes the same path: whether some rank's rollout failed, whether a stop signal
+        has reached some rank and whether some engine hung are agreed through ``any_rank``, so the
+        ranks retry together, or stop (and save, a collective) together. A rank whose own rollout
+        answered keeps it, and pushes the weights again beside the restarted engines: the sync
+        gathers sharded weights with collectives that need every rank.
+        """
+        result, error = self._attempt(rollout)
+        if not self.any_rank(error is not None):
+            return cast(T, result)
+        # The same questions in the same order on every rank: each is a collective.
+        stopping = self.any_rank(self.stop_requested())
+        hung = self.any_rank(isinstance(error, RolloutFailed))
+        cause = "" if error is None else f" ({type(error).__name__}: {error})"
+        where = "" if error is not None else " on another rank"
+        if hung:
+            if isinstance(error, RolloutFailed):
+                raise error
+            raise RolloutFailed(
+                f"the rollout engine of another rank did not answer at step {step}"
+            ) from error
+        if stopping:
+            raise StoppedBySignal(
+                f"the rollout of step {step} failed{where} after a stop signal{cause}; not retried"
+            ) from error
+        if error is not None:
             log.error(
-                "step %d: the rollout engine failed (%s: %s); restarting it and retrying the rollout",
-                step,
-                type(error).__name__,
-                error,
+                "step %d: the rollout engine failed%s; restarting it and retrying the rollout", step, cause
             )
-            self.restart()
-            try:
-                return self._within_time_limit(rollout)
-            except Exception as again:
-                raise RolloutFailed(
-                    f"the rollout engine failed again after a restart at step {step}: "
-                    f"{type(again).__name__}: {again}"
-                ) from again
+        else:
+            log.warning(
+                "step %d: another rank's rollout engine failed; syncing the weights with its restart", step
+            )
+        again: Exception | None = None
+        try:  # the restart, its sync and the retry: a failure in any is a second failure
+            if error is not None:
+                self._restart_engine()
+            self.sync_weights()
+            if error is not None:
+                result = self._within_time_limit(rollout)
+        except Exception as failure:
+            again = failure
+        if self.any_rank(again is not None):
+            detail = " on another rank" if again is None else f": {type(again).__name__}: {again}"
+            raise RolloutFailed(
+                f"the rollout engine failed again after a restart at step {step}{detail}"
+            ) from again
+        return cast(T, result)
+
+    def _attempt(self, rollout: Callable[[RolloutEngine], T]) -> tuple[T | None, Exception | None]:
+        try:
+            return self._within_time_limit(rollout), None
+        except Exception as error:  # judged in `run`, together with the other ranks'
+            return None, error
 
     def _within_time_limit(self, rollout: Callable[[RolloutEngine], T]) -> T:
         if self.timeout_s is None:

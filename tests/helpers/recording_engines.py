@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -87,3 +88,26 @@ class CallRecorder(TransformersEngine):
 
     def wake(self) -> None:
         self.calls.append("wake")
+
+
+class FlakyEngine(RolloutEngine):
+    """A real engine's life cycle with scripted failures: raises on the first ``fail`` generations,
+    or sleeps ``hang_s`` in each."""
+
+    def __init__(self, fail: int = 0, hang_s: float = 0.0) -> None:
+        self.fail, self.hang_s = fail, hang_s
+        self.starts: list[str] = []
+        self.pushed: list[list[str]] = []
+
+    def start(self, policy: PolicyHandle) -> None:
+        self.starts.append(policy.model_path)
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        time.sleep(self.hang_s)
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("engine core died")
+        return [RolloutResult() for _ in requests]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.pushed.append([name for name, _ in named_tensors])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.recording_engines import FlakyEngine
 from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 from transformers import AutoProcessor
@@ -19,7 +19,7 @@ from models.logprobs import completion_logprobs
 from models.vision import encode_videos
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
-from rollout.base import PolicyHandle, RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
+from rollout.base import PolicyHandle, SamplingConfig
 from rollout.experience import ExperienceSettings, collect_rollouts, settings_problem
 from rollout.hf_engine import TransformersEngine
 from rollout.supervision import EngineSupervisor
@@ -73,29 +73,6 @@ def test_collect_rollouts_lays_out_what_the_engine_sampled(tiny_model_dir: Path,
         scale=float(torch.log(torch.tensor(float(model.config.text_config.vocab_size)))),
         reason="trainer vs transformers engine on the collected rows",
     )
-
-
-class FlakyEngine(RolloutEngine):
-    """A real engine's life cycle with scripted failures: raises on the first ``fail`` generations,
-    or sleeps ``hang_s`` in each."""
-
-    def __init__(self, fail: int = 0, hang_s: float = 0.0) -> None:
-        self.fail, self.hang_s = fail, hang_s
-        self.starts: list[str] = []
-        self.pushed: list[list[str]] = []
-
-    def start(self, policy: PolicyHandle) -> None:
-        self.starts.append(policy.model_path)
-
-    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
-        time.sleep(self.hang_s)
-        if self.fail:
-            self.fail -= 1
-            raise ConnectionError("engine core died")
-        return [RolloutResult() for _ in requests]
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.pushed.append([name for name, _ in named_tensors])
 
 
 def supervised(

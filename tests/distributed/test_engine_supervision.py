@@ -1,0 +1,127 @@
+"""A rollout engine that fails on one rank only, across two real gloo processes.
+
+The weight sync of a sharded policy and the checkpoint of a stop are collectives, so every rank
+must take the same path after a failed rollout: restart-and-retry together, or stop together.
+Here the weights are summed over the ranks as they are handed out (a collective, as FSDP's
+gathers are), and the process group's timeout turns a rank left waiting into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers.recording_engines import FlakyEngine
+
+from core.failures import RolloutFailed, StoppedBySignal
+from rollout.base import PolicyHandle, RolloutEngine, SamplingConfig
+from rollout.supervision import EngineSupervisor
+
+WORLD_SIZE = 2
+FAILING_RANK = 1
+
+
+def _any_rank(flag: bool) -> bool:
+    decision = torch.tensor([int(flag)])
+    dist.all_reduce(decision, op=dist.ReduceOp.MAX)
+    return bool(decision.item())
+
+
+def _summed_weights() -> list[tuple[str, torch.Tensor]]:
+    weight = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(weight)  # every rank must be here, as in a sharded policy's gather
+    return [("w", weight)]
+
+
+def _rollout(engine: RolloutEngine) -> list[Any]:
+    return engine.generate([], SamplingConfig(n=2))
+
+
+def _scenario(rank: int, fail: int, hang_s: float = 0.0, stop_on_rank0: bool = False) -> dict[str, Any]:
+    mine = rank == FAILING_RANK
+    engine = FlakyEngine(fail=fail if mine else 0, hang_s=hang_s if mine else 0.0)
+    pushed: list[float] = []
+
+    def weights() -> list[tuple[str, torch.Tensor]]:
+        named = _summed_weights()
+        pushed.append(float(named[0][1].item()))
+        return named
+
+    supervisor = EngineSupervisor(
+        engine,
+        policy=lambda: PolicyHandle("policy-dir", torch.nn.Linear(1, 1), None),
+        weights=weights,
+        timeout_s=0.5 if hang_s else None,
+        stop_requested=lambda: stop_on_rank0 and rank == 0,
+        any_rank=_any_rank,
+    )
+    supervisor.start(sync_weights=False)
+    outcome: dict[str, Any] = {"raised": None, "message": ""}
+    try:
+        outcome["result"] = supervisor.run(_rollout, step=3)
+    except (RolloutFailed, StoppedBySignal) as error:
+        outcome.update(raised=type(error).__name__, message=str(error))
+    # Whatever happened, the ranks are still in step: one more collective answers on both.
+    outcome["in_step"] = _any_rank(False) is False
+    outcome.update(restarts=supervisor.restarts, starts=len(engine.starts), pushed=pushed)
+    return outcome
+
+
+def _run(rank: int, store_path: str, out_dir: str) -> None:
+    store = dist.FileStore(store_path, WORLD_SIZE)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=60)
+    )
+    outcomes = {
+        "fails once": _scenario(rank, fail=1),
+        "fails twice": _scenario(rank, fail=2),
+        "fails once, stop on rank 0": _scenario(rank, fail=1, stop_on_rank0=True),
+        "hangs": _scenario(rank, fail=0, hang_s=2.0),
+        "answers, stop on rank 0": _scenario(rank, fail=0, stop_on_rank0=True),
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcomes))
+    dist.destroy_process_group()
+
+
+def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> None:
+    mp.start_processes(
+        _run, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn"
+    )
+    healthy, failing = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for outcomes in (healthy, failing):
+        assert all(outcome["in_step"] for outcome in outcomes.values())
+
+    # Restarted where it failed, synced on both (the sum of both ranks' weights: 1 + 2), retried.
+    once_ok, once_bad = healthy["fails once"], failing["fails once"]
+    assert once_ok["raised"] is None and once_bad["raised"] is None
+    assert once_ok["result"] == once_bad["result"] == []
+    assert (once_ok["restarts"], once_ok["starts"]) == (0, 1)
+    assert (once_bad["restarts"], once_bad["starts"]) == (1, 2)
+    assert once_ok["pushed"] == once_bad["pushed"] == [3.0]
+
+    twice_ok, twice_bad = healthy["fails twice"], failing["fails twice"]
+    assert twice_ok["raised"] == twice_bad["raised"] == "RolloutFailed"
+    assert twice_ok["message"] == "the rollout engine failed again after a restart at step 3 on another rank"
+    assert "ConnectionError: engine core died" in twice_bad["message"]
+
+    # The signal reached rank 0, the failure happened on rank 1: both stop, neither restarts.
+    stop_ok, stop_bad = healthy["fails once, stop on rank 0"], failing["fails once, stop on rank 0"]
+    assert stop_ok["raised"] == stop_bad["raised"] == "StoppedBySignal"
+    assert "failed on another rank after a stop signal" in stop_ok["message"]
+    assert "after a stop signal (ConnectionError: engine core died)" in stop_bad["message"]
+    assert stop_ok["restarts"] == stop_bad["restarts"] == 0 and stop_ok["pushed"] == stop_bad["pushed"] == []
+
+    hung_ok, hung_bad = healthy["hangs"], failing["hangs"]
+    assert hung_ok["raised"] == hung_bad["raised"] == "RolloutFailed"
+    assert hung_ok["message"] == "the rollout engine of another rank did not answer at step 3"
+    assert "did not answer within rollout_timeout_s=0.5 s" in hung_bad["message"]
+
+    # A stop signal with engines that answer changes nothing.
+    for outcomes in (healthy, failing):
+        assert outcomes["answers, stop on rank 0"]["raised"] is None
+        assert outcomes["answers, stop on rank 0"]["restarts"] == 0
