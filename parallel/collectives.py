@@ -25,6 +25,10 @@ def gather_from_all_ranks(obj: Any) -> list[Any]:
     return gathered
 
 
+class PeerFailed(RuntimeError):
+    """Work shared out in a group failed on another rank of the group (which raises its own error)."""
+
+
 def share_out(
     items: Sequence[Item], work: Callable[[list[Item]], list[Result]], group: dist.ProcessGroup
 ) -> list[Result]:
@@ -32,14 +36,29 @@ def share_out(
 
     Rank r does items ``r, r + size, ...``; the results are exchanged so that every rank
     returns all of them, in item order. ``work`` returns one result per item it is given.
+    Work that raises on some ranks still reaches the exchange, so every rank raises: those
+    ranks their own error, the others :class:`PeerFailed` (none is left waiting in the exchange,
+    and the group can retry together).
     """
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     mine = list(items[rank::size])
-    local = work(mine) if mine else []
-    shares: list[list[Result]] = [[] for _ in range(size)]
-    dist.all_gather_object(shares, local, group=group)
+    failure: Exception | None = None
+    local: list[Result] = []
+    try:
+        local = work(mine) if mine else []
+    except Exception as error:  # raised after the exchange, which the peers are waiting in
+        failure = error
+    shares: list[tuple[list[Result], str | None]] = [([], None) for _ in range(size)]
+    reason = None if failure is None else f"{type(failure).__name__}: {failure}"
+    dist.all_gather_object(shares, (local, reason), group=group)
+    if failure is not None:
+        raise failure
+    failed = {peer: why for peer, (_, why) in enumerate(shares) if why is not None}
+    if failed:
+        peer, why = next(iter(failed.items()))
+        raise PeerFailed(f"the shared work failed on group rank(s) {sorted(failed)} (rank {peer}: {why})")
     results: list[Result] = [None] * len(items)  # type: ignore[list-item]
-    for peer, share in enumerate(shares):
+    for peer, (share, _) in enumerate(shares):
         results[peer::size] = share
     return results
 

@@ -13,10 +13,11 @@ finished step.
 Under FSDP2 the sync gathers every parameter with a collective, and the checkpoint of a stop is
 gathered too, so the ranks agree on the outcome (``any_rank``): when a rollout failed on any rank,
 the failed ranks restart their engines, every rank syncs, the failed ones retry, and a stop signal
-or a second failure stops every rank at once. A rollout with collectives inside (sequence-parallel
-peers sharing out their requests, the frame tool encoding with its group) that fails on one rank
-still leaves its peers waiting in that collective until the process group's timeout, as does an
-engine that fails again part way through the restart's weight sync on one rank.
+or a second failure stops every rank at once. Sequence-parallel peers that share out their
+requests (:func:`parallel.collectives.share_out`) all fail when one's engine does (the others
+with :class:`~parallel.collectives.PeerFailed`, their engines kept): they retry together. An engine
+that hangs inside a shared rollout, or fails part way through the restart's weight sync on one
+rank, still leaves its peers waiting in the collective until the process group's timeout.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TypeVar, cast
 import torch
 
 from core.failures import RolloutFailed, StoppedBySignal
+from parallel.collectives import PeerFailed
 from rollout.base import PolicyHandle, RolloutEngine
 from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, SyncReport, sync_weights
 
@@ -130,17 +132,20 @@ class EngineSupervisor:
             raise StoppedBySignal(
                 f"the rollout of step {step} failed{where} after a stop signal{cause}; not retried"
             ) from error
-        if error is not None:
+        own_engine_failed = error is not None and not isinstance(error, PeerFailed)
+        if own_engine_failed:
             log.error(
                 "step %d: the rollout engine failed%s; restarting it and retrying the rollout", step, cause
             )
+        elif error is not None:
+            log.warning("step %d: %s; retrying the rollout with the group", step, error)
         else:
             log.warning(
                 "step %d: another rank's rollout engine failed; syncing the weights with its restart", step
             )
         again: Exception | None = None
         try:  # the restart, its sync and the retry: a failure in any is a second failure
-            if error is not None:
+            if own_engine_failed:
                 self._restart_engine()
             self.sync_weights()
             if error is not None:

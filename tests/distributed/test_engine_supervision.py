@@ -3,7 +3,8 @@
 The weight sync of a sharded policy and the checkpoint of a stop are collectives, so every rank
 must take the same path after a failed rollout: restart-and-retry together, or stop together.
 Here the weights are summed over the ranks as they are handed out (a collective, as FSDP's
-gathers are), and the process group's timeout turns a rank left waiting into a failure.
+gathers are), a rollout may be shared out between the ranks (a collective inside it, as between
+sequence-parallel peers), and the process group's timeout turns a rank left waiting into a failure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.multiprocessing as mp
 from helpers.recording_engines import FlakyEngine
 
 from core.failures import RolloutFailed, StoppedBySignal
+from parallel.collectives import share_out
 from rollout.base import PolicyHandle, RolloutEngine, SamplingConfig
 from rollout.supervision import EngineSupervisor
 
@@ -42,7 +44,15 @@ def _rollout(engine: RolloutEngine) -> list[Any]:
     return engine.generate([], SamplingConfig(n=2))
 
 
-def _scenario(rank: int, fail: int, hang_s: float = 0.0, stop_on_rank0: bool = False) -> dict[str, Any]:
+def _shared_rollout(engine: RolloutEngine) -> list[Any]:
+    """Sequence-parallel peers' way: the same four requests, each rank sampling its share."""
+    requests: list[Any] = [None] * 4
+    return share_out(requests, lambda mine: engine.generate(mine, SamplingConfig(n=2)), dist.group.WORLD)
+
+
+def _scenario(
+    rank: int, fail: int, hang_s: float = 0.0, stop_on_rank0: bool = False, shared: bool = False
+) -> dict[str, Any]:
     mine = rank == FAILING_RANK
     engine = FlakyEngine(fail=fail if mine else 0, hang_s=hang_s if mine else 0.0)
     pushed: list[float] = []
@@ -63,7 +73,7 @@ def _scenario(rank: int, fail: int, hang_s: float = 0.0, stop_on_rank0: bool = F
     supervisor.start(sync_weights=False)
     outcome: dict[str, Any] = {"raised": None, "message": ""}
     try:
-        outcome["result"] = supervisor.run(_rollout, step=3)
+        outcome["result"] = len(supervisor.run(_shared_rollout if shared else _rollout, step=3))
     except (RolloutFailed, StoppedBySignal) as error:
         outcome.update(raised=type(error).__name__, message=str(error))
     # Whatever happened, the ranks are still in step: one more collective answers on both.
@@ -83,6 +93,8 @@ def _run(rank: int, store_path: str, out_dir: str) -> None:
         "fails once, stop on rank 0": _scenario(rank, fail=1, stop_on_rank0=True),
         "hangs": _scenario(rank, fail=0, hang_s=2.0),
         "answers, stop on rank 0": _scenario(rank, fail=0, stop_on_rank0=True),
+        "shared, fails once": _scenario(rank, fail=1, shared=True),
+        "shared, fails twice": _scenario(rank, fail=2, shared=True),
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcomes))
     dist.destroy_process_group()
@@ -99,7 +111,7 @@ def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> 
     # Restarted where it failed, synced on both (the sum of both ranks' weights: 1 + 2), retried.
     once_ok, once_bad = healthy["fails once"], failing["fails once"]
     assert once_ok["raised"] is None and once_bad["raised"] is None
-    assert once_ok["result"] == once_bad["result"] == []
+    assert once_ok["result"] == once_bad["result"] == 0
     assert (once_ok["restarts"], once_ok["starts"]) == (0, 1)
     assert (once_bad["restarts"], once_bad["starts"]) == (1, 2)
     assert once_ok["pushed"] == once_bad["pushed"] == [3.0]
@@ -125,3 +137,19 @@ def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> 
     for outcomes in (healthy, failing):
         assert outcomes["answers, stop on rank 0"]["raised"] is None
         assert outcomes["answers, stop on rank 0"]["restarts"] == 0
+
+    # Shared out, the failure reaches rank 0 in the exchange (PeerFailed): both retry, only rank
+    # 1's engine restarts, and the retry returns all four requests' results on both ranks.
+    shared_ok, shared_bad = healthy["shared, fails once"], failing["shared, fails once"]
+    assert shared_ok["raised"] is None and shared_bad["raised"] is None
+    assert shared_ok["result"] == shared_bad["result"] == 4
+    assert (shared_ok["restarts"], shared_ok["starts"]) == (0, 1)
+    assert (shared_bad["restarts"], shared_bad["starts"]) == (1, 2)
+    assert shared_ok["pushed"] == shared_bad["pushed"] == [3.0]
+    again_ok, again_bad = healthy["shared, fails twice"], failing["shared, fails twice"]
+    assert again_ok["raised"] == again_bad["raised"] == "RolloutFailed"
+    assert again_ok["message"] == (
+        "the rollout engine failed again after a restart at step 3: PeerFailed: the shared work failed "
+        "on group rank(s) [1] (rank 1: ConnectionError: engine core died)"
+    )
+    assert again_bad["message"].endswith("ConnectionError: engine core died")
