@@ -108,13 +108,15 @@ def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> 
     for outcomes in (healthy, failing):
         assert all(outcome["in_step"] for outcome in outcomes.values())
 
-    # Restarted where it failed, synced on both (the sum of both ranks' weights: 1 + 2), retried.
-    once_ok, once_bad = healthy["fails once"], failing["fails once"]
-    assert once_ok["raised"] is None and once_bad["raised"] is None
-    assert once_ok["result"] == once_bad["result"] == 0
-    assert (once_ok["restarts"], once_ok["starts"]) == (0, 1)
-    assert (once_bad["restarts"], once_bad["starts"]) == (1, 2)
-    assert once_ok["pushed"] == once_bad["pushed"] == [3.0]
+    # Restarted where it failed, synced on both (the sum of both ranks' weights: 1 + 2), retried;
+    # shared out, the failure reaches rank 0 in the exchange (PeerFailed): both retry, and the
+    # retry returns all four requests' results on both ranks.
+    for scenario, results in (("fails once", 0), ("shared, fails once", 4)):
+        ok, bad = healthy[scenario], failing[scenario]
+        assert ok["raised"] is None and bad["raised"] is None
+        assert ok["result"] == bad["result"] == results
+        assert (ok["restarts"], ok["starts"]) == (0, 1) and (bad["restarts"], bad["starts"]) == (1, 2)
+        assert ok["pushed"] == bad["pushed"] == [3.0]
 
     twice_ok, twice_bad = healthy["fails twice"], failing["fails twice"]
     assert twice_ok["raised"] == twice_bad["raised"] == "RolloutFailed"
@@ -138,14 +140,6 @@ def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> 
         assert outcomes["answers, stop on rank 0"]["raised"] is None
         assert outcomes["answers, stop on rank 0"]["restarts"] == 0
 
-    # Shared out, the failure reaches rank 0 in the exchange (PeerFailed): both retry, only rank
-    # 1's engine restarts, and the retry returns all four requests' results on both ranks.
-    shared_ok, shared_bad = healthy["shared, fails once"], failing["shared, fails once"]
-    assert shared_ok["raised"] is None and shared_bad["raised"] is None
-    assert shared_ok["result"] == shared_bad["result"] == 4
-    assert (shared_ok["restarts"], shared_ok["starts"]) == (0, 1)
-    assert (shared_bad["restarts"], shared_bad["starts"]) == (1, 2)
-    assert shared_ok["pushed"] == shared_bad["pushed"] == [3.0]
     again_ok, again_bad = healthy["shared, fails twice"], failing["shared, fails twice"]
     assert again_ok["raised"] == again_bad["raised"] == "RolloutFailed"
     assert again_ok["message"] == (
