@@ -18,7 +18,7 @@ in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start),
 baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--family qwen3_vl] [--sft-steps 600] [--grpo-steps 200] [--longer-grpo 300 400]
+       [--family qwen3_vl] [--sft-steps 900] [--grpo-steps 200] [--longer-grpo 300 400]
        [--grpo-set data.init_args.batch_size=16 ...] [--skip-dense]
 """
 
@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument(
         "--sft-steps",
         type=int,
-        default=600,
+        default=900,
         help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: README)",
     )
     parser.add_argument("--grpo-steps", type=int, default=200)
