@@ -14,8 +14,9 @@ accurate), with the wall time of each stage.
 Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
 resumes from its last checkpoint (every 50 steps, and at a SIGTERM to its ``lvrl`` process), so
 an interrupted comparison continues where it stopped (``make demo-zoom`` is one seed of this,
-in ``runs/zoom``). Per seed the tool runs go first (GRPO against its SFT start), then the dense
-baseline.
+in ``runs/zoom``). A stage whose folder ran another recipe (its ``config.yaml`` differs from what
+this command would train, apart from where files live) stops the bench with the keys that
+differ. Per seed the tool runs go first (GRPO against its SFT start), then the dense baseline.
 
 Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
        [--family qwen3_vl] [--sft-steps 900] [--grpo-steps 200] [--longer-grpo 300 400]
@@ -141,7 +142,64 @@ def timed_once(out: Path, work: Any) -> float:
     return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
 
 
+def flattened(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A config as ``{"dotted.key": leaf}`` (list items by index).
+
+    >>> flattened({"trainer": {"max_steps": 900, "callbacks": [{"init_args": {"seed": 1}}]}})
+    {'trainer.max_steps': 900, 'trainer.callbacks.0.init_args.seed': 1}
+    """
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+    if items is None:
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in items:
+        flat.update(flattened(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def is_location(key: str, config: dict[str, Any]) -> bool:
+    """Keys that say where a stage's files live (its folder, its logger's, the model it starts
+    from, all under ``--out``) rather than what it trains: a folder restored from another
+    ``--out`` differs there only. ``val_check_interval`` is inert while the stage validates
+    nothing (``limit_val_batches: 0``, as every stage here)."""
+    inert = key == "trainer.val_check_interval" and config["trainer"].get("limit_val_batches") == 0
+    return (
+        inert
+        or key in {"trainer.default_root_dir", "model.init_args.model_path"}
+        or (key.startswith("trainer.logger.") and key.endswith(".save_dir"))
+    )
+
+
+def recipe_changes(run_dir: Path, config: dict[str, Any]) -> list[str]:
+    """What ``config`` would train differently from the run already in ``run_dir`` (its
+    ``config.yaml``, finished or stopped part way), as ``key: recorded -> now`` lines; empty for a
+    new folder. Reporting a finished stage, or resuming a stopped one, under another recipe would
+    pass one recipe's results off as another's (a changed config default, ``--sft-steps``, or
+    ``--grpo-set``)."""
+    recorded_file = run_dir / "config.yaml"
+    if not recorded_file.exists():
+        return []
+    recorded = flattened(yaml.safe_load(recorded_file.read_text()))
+    # Compared as written: YAML reads back what it wrote, so only real changes differ.
+    now = flattened(yaml.safe_load(yaml.safe_dump(config)))
+    missing = object()
+    return [
+        f"{key}: {recorded.get(key, '(absent)')} -> {now.get(key, '(absent)')}"
+        for key in sorted(set(recorded) | set(now))
+        if recorded.get(key, missing) != now.get(key, missing) and not is_location(key, config)
+    ]
+
+
 def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None) -> float:
+    changes = recipe_changes(run_dir, config)
+    if changes:
+        shown = "\n  ".join(changes[:8]) + (f"\n  ... {len(changes) - 8} more" if len(changes) > 8 else "")
+        sys.exit(
+            f"{run_dir} holds a run of another recipe than this command's:\n  {shown}\n"
+            "give this recipe its own --out, or pass the settings that run used "
+            "(--sft-steps, --grpo-set)"
+        )
+
     def work() -> None:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
         fit_or_resume(run_dir, continuing)

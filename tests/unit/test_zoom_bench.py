@@ -4,6 +4,7 @@ test split alone."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import tarfile
@@ -230,3 +231,34 @@ def test_skip_dense_runs_the_tool_path_only(
     assert trained == ["sft-tool", "grpo-tool"]
     assert "tool GRPO vs tool SFT" in printed and "vs dense SFT" not in printed
     assert "| dense SFT, 256 frames | - |" in printed
+
+
+def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path) -> None:
+    """A folder's finished (or stopped) stage is reused only when this command would train the
+    same thing: another SFT length or another GRPO setting stops the bench with the keys that
+    differ, while a folder restored from another --out (its paths alone differ) is reported."""
+    elsewhere, out = tmp_path / "elsewhere", tmp_path / "out"
+    run_dir = out / "seed0" / "sft-tool"
+    run_dir.mkdir(parents=True)
+    restored = elsewhere / "seed0" / "sft-tool"
+    recorded = zoom.stage_config("sft_tool.yaml", restored, elsewhere / "model-small", "d", 0, 600)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
+    (run_dir / "done").write_text(json.dumps({"seconds": 12.0}))
+    same = zoom.stage_config("sft_tool.yaml", run_dir, out / "model-small", "d", 0, 600)
+    assert zoom.train(run_dir, same) == 12.0
+    longer = zoom.stage_config("sft_tool.yaml", run_dir, out / "model-small", "d", 0, 900)
+    with pytest.raises(SystemExit, match=r"trainer\.max_steps: 600 -> 900"):
+        zoom.train(run_dir, longer)
+    (run_dir / "done").unlink()  # a stopped run is not resumed under another recipe either
+    with pytest.raises(SystemExit, match=r"trainer\.max_steps: 600 -> 900"):
+        zoom.train(run_dir, longer)
+
+    grpo_dir = out / "seed0" / "grpo-tool"
+    grpo_dir.mkdir()
+    grpo = zoom.stage_config("grpo_tool.yaml", grpo_dir, run_dir / "hf", "d", 0, 200)
+    hotter = with_settings(copy.deepcopy(grpo), ["trainer.callbacks.0.init_args.temperature=1.0"])
+    (grpo_dir / "config.yaml").write_text(yaml.safe_dump(hotter))
+    (grpo_dir / "done").write_text(json.dumps({"seconds": 5.0}))
+    with pytest.raises(SystemExit, match=r"callbacks\.0\.init_args\.temperature: 1\.0 -> 0\.7"):
+        zoom.train(grpo_dir, grpo)
+    assert zoom.train(grpo_dir, hotter) == 5.0
