@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -256,9 +257,13 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
     grpo_dir = out / "seed0" / "grpo-tool"
     grpo_dir.mkdir()
     grpo = zoom.stage_config("grpo_tool.yaml", grpo_dir, run_dir / "hf", "d", 0, 200)
-    hotter = with_settings(copy.deepcopy(grpo), ["trainer.callbacks.0.init_args.temperature=1.0"])
+    default = grpo["trainer"]["callbacks"][0]["init_args"]["temperature"]  # the config's own
+    hotter = with_settings(
+        copy.deepcopy(grpo), [f"trainer.callbacks.0.init_args.temperature={default + 0.5}"]
+    )
     (grpo_dir / "config.yaml").write_text(yaml.safe_dump(hotter))
     (grpo_dir / "done").write_text(json.dumps({"seconds": 5.0}))
-    with pytest.raises(SystemExit, match=r"callbacks\.0\.init_args\.temperature: 1\.0 -> 0\.7"):
+    changed = f"callbacks.0.init_args.temperature: {default + 0.5} -> {default}"
+    with pytest.raises(SystemExit, match=re.escape(changed)):
         zoom.train(grpo_dir, grpo)
     assert zoom.train(grpo_dir, hotter) == 5.0
