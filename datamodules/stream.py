@@ -316,26 +316,27 @@ class VideoQAStream(IterableDataset):
 
 
 def leave_stopping_to_the_trainer(worker_id: int) -> None:
-    """A dataloader worker's ``worker_init_fn``: on SIGTERM, exit with status 0.
+    """A dataloader worker's ``worker_init_fn``: the job's SIGTERM leaves the worker serving;
+    a second SIGTERM ends it at once, with status 0.
 
     A scheduler pre-empting a job, ``timeout`` or ``kill -- -PGID`` signals every process of the
     job, the workers too, and from a process other than the trainer (torch's own handler in the
     workers exits quietly only on a SIGTERM from their parent). Killed by the signal, a worker
     would make torch's SIGCHLD handler raise in the trainer wherever it is (seen in a rollout's
-    forward pass and in the middle of writing a checkpoint): the run would end with a traceback
-    instead of finishing its step and saving it. Exiting cleanly leaves the stop to the trainer,
-    which has the same signal; should it ask that worker for more data, torch reports the
-    worker gone ("exited unexpectedly").
-    ``SystemExit`` rather than ``os._exit``, so that the worker's queue still flushes what it
-    holds; should that flush block (a full pipe), the SIGTERM with which torch ends a worker
-    that outlives its shutdown ends it at once.
+    forward pass and in the middle of writing a checkpoint); gone, even quietly, it fails the
+    trainer's next fetch ("exited unexpectedly"), and the trainer, which stops only at the end of
+    its step, may still fetch once before that (Lightning asks for the next batch as a step
+    starts: a run pre-empted while waiting on its data ended with a traceback instead of a
+    checkpoint). So the worker goes on until the loader shuts it down as usual. The SIGTERM with
+    which torch ends a worker that outlives that shutdown arrives as a second one (or as the
+    first, with no job signal before: multiprocessing's own at the trainer's exit then is the
+    second) and ends the worker without a word.
     """
 
-    def exit_quietly(signum: int, frame: object) -> None:
+    def keep_serving(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, exit_quietly)
+    signal.signal(signal.SIGTERM, keep_serving)
 
 
 class EpochAwareDataLoader(torch.utils.data.DataLoader):
