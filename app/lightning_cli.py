@@ -19,6 +19,7 @@ from callbacks.checkpoint import RunCheckpoint, with_atomic_checkpoint_io
 from core.failures import SafeStop, StoppedBySignal
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.vlm_module import VLMModule
+from parallel.process_group import release_process_group
 
 RUN_DIR_TOKEN = "${trainer.default_root_dir}"
 
@@ -110,7 +111,7 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
     given = sys.argv[1:] if argv is None else list(argv)
     wants_help = any(flag in given for flag in HELP_FLAGS)
     try:
-        return LvrlCLI(
+        cli = LvrlCLI(
             VLMModule,
             LongVideoReasonDataModule,
             subclass_mode_model=True,
@@ -123,17 +124,25 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
             help_classes=selected_classes(given) if wants_help else None,
             auto_configure_optimizers=False,
         )
+    # Each way out below is one every rank takes together, past its last collective (a safe stop
+    # is agreed between ranks and saved by all): the process group can end here. An error
+    # leaves it open (parallel.process_group says why).
     except StoppedBySignal as stop:
+        release_process_group()
         print(f"stopped by a signal: {stop}\ncontinue with --ckpt_path last", file=sys.stderr)
         sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
     except SafeStop as stop:
+        release_process_group()
         print(f"training stopped: {stop}\ncontinue with --ckpt_path last once fixed", file=sys.stderr)
         sys.exit(1)
     except SIGTERMException:
         # Lightning stops at the end of the step (or evaluation batch) on SIGTERM and raises a
         # SystemExit with status 0, which would look like a finished run.
+        release_process_group()
         print(f"stopped by a signal; {_how_to_continue(given)}", file=sys.stderr)
         sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
+    release_process_group()
+    return cli
 
 
 def _how_to_continue(argv: Sequence[str]) -> str:

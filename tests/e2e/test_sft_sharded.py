@@ -4,6 +4,7 @@ Data-parallel 2 with the model sharded by FSDP2 (blocks in float32, a trainable 
 sharded with the root), Lightning's automatic optimization and gradient clipping, validation
 on the model gathered whole (the ranks hold different numbers of questions), a distributed
 checkpoint and the HF export at the end. Each of the 8 validation questions is answered once, by one rank.
+A command under the strategy ends the process group it started (``parallel.process_group``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import json
 from pathlib import Path
 
 import torch
-from helpers.cli import REPO_ROOT, run_cli
+import torch.distributed as dist
+from helpers.cli import REPO_ROOT, run_cli, run_lvrl
 from helpers.runs import tiny_data_args
 
 from models.loading import load_model
@@ -52,3 +54,28 @@ def test_sft_trains_validates_and_checkpoints_sharded(
         for line in (run_dir / "predictions" / f"val-step000002-rank{rank}.jsonl").read_text().splitlines()
     ]
     assert len(keys) == len(set(keys)) == 8, result.stderr[-2000:]
+
+
+def test_an_lvrl_command_ends_the_process_group_it_started(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    """In this process, one rank: gloo would otherwise keep the group's threads until the
+    interpreter ends, where they can abort a rank that finished its work."""
+    assert not dist.is_initialized()
+    run_lvrl(
+        "fit",
+        "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
+        "--trainer.default_root_dir", str(tmp_path / "run"),
+        "--trainer.devices", "1",
+        "--trainer.max_steps", "1",
+        "--trainer.limit_val_batches", "0",
+        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
+        "--trainer.strategy.sequence_parallel_size", "1",
+        "--trainer.strategy.param_dtype", "float32",
+        "--trainer.strategy.process_group_backend", "gloo",
+        "--model.init_args.model_path", str(tiny_model_dir),
+        "--model.init_args.max_new_tokens", "4",
+        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
+    )  # fmt: skip
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_dir()  # it ran under the strategy
+    assert not dist.is_initialized()

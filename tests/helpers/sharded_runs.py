@@ -27,6 +27,7 @@ from datamodules.stream import VideoQAStream
 from models.families import family_of
 from models.loading import load_model
 from models.vision import encode_videos
+from parallel.process_group import release_process_group
 from parallel.sharding import full_tensor
 from rewards.combine import RewardBreakdown
 from rollout.base import Completion
@@ -214,7 +215,8 @@ def fit_on_rollouts(
     """GRPO updates on the fixed rollouts (no engine, no data: the batches are placeholders),
     one per part (or up to ``max_steps``), recording into ``out``; the run's checkpoint is
     written to ``save_to`` at the end, and a run resumes from ``resume_from``. ``callbacks``
-    run after the recorder."""
+    run after the recorder. A multi-process run's process group ends with it, as an ``lvrl``
+    command's does (:mod:`parallel.process_group`)."""
     trainer = L.Trainer(
         max_steps=max_steps or len(parts),
         accelerator="cpu",
@@ -233,6 +235,7 @@ def fit_on_rollouts(
     trainer.fit(module, train_dataloaders=placeholders, ckpt_path=resume_from)
     if save_to is not None:
         trainer.save_checkpoint(save_to)
+    release_process_group()
 
 
 def launched_externally(rank: int, world_size: int, port: int) -> None:

@@ -1,0 +1,31 @@
+"""``release_process_group``: the default group and its subgroups end; a second call, or a
+process with no group, is a no-op; a later run can start a group again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from parallel.process_group import release_process_group
+
+
+def _start(store: Path) -> None:
+    dist.init_process_group("gloo", store=dist.FileStore(str(store), 1), rank=0, world_size=1)
+
+
+def test_release_ends_the_group_and_its_subgroups(tmp_path: Path) -> None:
+    assert not release_process_group()  # nothing open
+    _start(tmp_path / "first")
+    subgroup = dist.new_group([0])
+    summed = torch.ones(3)
+    dist.all_reduce(summed, group=subgroup)  # a collective done, as a run's last one
+    assert release_process_group()
+    assert not dist.is_initialized()
+    assert not release_process_group()
+    _start(tmp_path / "second")  # the next in-process run starts its own
+    try:
+        assert dist.get_world_size() == 1
+    finally:
+        assert release_process_group()
