@@ -282,6 +282,11 @@ def sync_weights(
     ``update_weights`` calls of at most ``bucket_bytes`` (a group larger than that alone), then
     one ``finish_weight_update``. Nothing is gathered for an engine that samples with the
     policy itself (``needs_weight_sync`` false).
+
+    An engine that raises while being fed does not end the gathering: the other ranks' gathers
+    need this rank to the last parameter (stopping here would leave them waiting until the
+    process group's time-out). The rest is gathered and dropped, and the engine's error is
+    raised after the last gather, without ``finish_weight_update``.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be positive")
@@ -292,11 +297,16 @@ def sync_weights(
     parameters = buckets = sent = largest = 0
     bucket: list[tuple[str, torch.Tensor]] = []
     bucket_size = 0
+    engine_error: Exception | None = None
 
     def hand_over() -> None:
-        nonlocal buckets, sent, largest, bucket, bucket_size
-        engine.update_weights(bucket)
-        buckets, sent, largest = buckets + 1, sent + bucket_size, max(largest, bucket_size)
+        nonlocal buckets, sent, largest, bucket, bucket_size, engine_error
+        if engine_error is None:
+            try:
+                engine.update_weights(bucket)
+                buckets, sent, largest = buckets + 1, sent + bucket_size, max(largest, bucket_size)
+            except Exception as error:  # raised once every gather is done (see above)
+                engine_error = error
         # Drop the bucket before anything else is gathered (the engine has copied what it keeps).
         bucket, bucket_size = [], 0
 
@@ -316,5 +326,7 @@ def sync_weights(
             bucket_size += group_size
         if bucket:
             hand_over()
+    if engine_error is not None:
+        raise engine_error
     engine.finish_weight_update()
     return SyncReport(parameters, buckets, sent, largest, live.peak)

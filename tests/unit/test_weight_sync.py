@@ -85,6 +85,32 @@ def test_the_peak_counts_tensors_still_alive(policy) -> None:
     assert report.buckets > 10 and report.peak_bytes == report.bytes_sent
 
 
+class FailsOnSecondBucket(WeightRecorder):
+    """An engine whose weight loading fails part way (a crashed worker, memory exhausted)."""
+
+    def update_weights(self, named_tensors) -> None:
+        if len(self.calls) == 1:
+            raise MemoryError("engine ran out of memory loading weights")
+        super().update_weights(named_tensors)
+
+
+def test_an_engine_failing_mid_sync_still_lets_every_gather_happen(policy) -> None:
+    """Each parameter read stands for a gather the other ranks take part in: all are read, then
+    the engine's error is raised, and the engine is not told the update finished."""
+    read: list[str] = []
+
+    def gathered() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, parameter in trainable_parameters(policy):
+            read.append(name)
+            yield name, parameter
+
+    engine = FailsOnSecondBucket(dtype="float32", keep_values=False)
+    with pytest.raises(MemoryError, match="loading weights"):
+        sync_weights(engine, gathered(), bucket_bytes=16 * KIB)
+    assert read == [name for name, _ in trainable_parameters(policy)]
+    assert len(engine.calls) == 1 and engine.finished == 0
+
+
 def test_a_fused_layer_split_by_the_order_is_refused(policy) -> None:
     attention = "model.language_model.layers.0.self_attn"
     named = dict(policy.named_parameters())
