@@ -242,7 +242,8 @@ class RolloutCallback(Callback):
                     if shard is None:
                         return engine.generate(requests, sampling)
                     # Sequence-parallel peers hold the same prompts: each samples a share.
-                    return share_out(requests, lambda mine: engine.generate(mine, sampling), shard.group)
+                    peers = shard.rollout_group
+                    return share_out(requests, lambda mine: engine.generate(mine, sampling), peers)
 
             return supervisor.run(on, step)
 
@@ -259,7 +260,7 @@ class RolloutCallback(Callback):
                 sources = frame_sources(meta)
                 # Sequence-parallel peers hold the same prompts: each samples a share of every
                 # round's turns, and all serve the replies together (the tool encodes with the group).
-                share = alone if shard is None else functools.partial(share_out, group=shard.group)
+                share = alone if shard is None else functools.partial(share_out, group=shard.rollout_group)
 
                 def on(engine: RolloutEngine) -> EpisodeRollouts:
                     live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from parallel.shard import ATTENTION_KINDS
@@ -59,3 +60,23 @@ def check_attention_heads(
 def build_device_mesh(device_type: str, shape: MeshShape) -> DeviceMesh:
     """The ``(data, sequence)`` mesh over the initialised default process group."""
     return init_device_mesh(device_type, (shape.data, shape.sequence), mesh_dim_names=MESH_AXES)
+
+
+def sequence_exchange_group(shape: MeshShape) -> dist.ProcessGroup:
+    """A group of its own over this rank's sequence-parallel peers, for the rollout's exchanges.
+
+    The mesh's sequence group is the default group itself when there is one data replica, and
+    the ranks' decisions and checkpoints run there. An exchange left waiting inside a rollout
+    (a peer's engine hung; the rollout has timed out but its thread still waits) must not take
+    their place in that group's order, or every rank waits until the time-out. On a group of
+    its own it only waits for the peer's process to end. Every rank creates every replica's
+    group, in the same order (``new_group`` is collective).
+    """
+    own: dist.ProcessGroup | None = None
+    for replica in range(shape.data):
+        ranks = list(range(replica * shape.sequence, (replica + 1) * shape.sequence))
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            own = group
+    assert own is not None
+    return own

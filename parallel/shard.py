@@ -53,6 +53,9 @@ class SequenceShard:
     """``ulysses`` (all-to-all over heads) or ``ring`` (key/value blocks passed around)."""
     ring_layout: str = "zigzag"
     """The positions ring attention gives each rank: ``zigzag`` (balanced) or ``contiguous``."""
+    exchange_group: dist.ProcessGroup | None = None
+    """The same ranks as a group of their own, for the rollout's exchanges
+    (:func:`parallel.mesh.sequence_exchange_group`); None: ``group``."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -61,6 +64,11 @@ class SequenceShard:
             )
         if self.ring_layout not in LAYOUTS:
             raise ValueError(f"ring layout must be one of {LAYOUTS}, got {self.ring_layout!r}")
+
+    @property
+    def rollout_group(self) -> dist.ProcessGroup:
+        """Where peers share out a rollout's requests (its exchanges may be left waiting by a hung engine)."""
+        return self.group if self.exchange_group is None else self.exchange_group
 
     @property
     def rank(self) -> int:

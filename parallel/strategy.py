@@ -44,7 +44,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchmetrics import Metric
 
 from parallel.contract import SequenceParallelModule, ShardableModule, require_sequence_parallel_module
-from parallel.mesh import MeshShape, build_device_mesh, check_attention_heads, mesh_shape
+from parallel.mesh import (
+    MeshShape,
+    build_device_mesh,
+    check_attention_heads,
+    mesh_shape,
+    sequence_exchange_group,
+)
 from parallel.shard import ATTENTION_KINDS, SequenceShard
 from parallel.sharding import ShardingSettings
 
@@ -113,6 +119,8 @@ class SequenceParallelStrategy(ModelParallelStrategy):
         self.shape: MeshShape | None = None
         self.shard_mesh: DeviceMesh | None = None
         """The mesh FSDP shards over: ``(shard,)`` or, hybrid, ``(replicate, shard)``."""
+        self.exchange_group: torch.distributed.ProcessGroup | None = None
+        """The sequence-parallel peers as a group of their own, for rollout exchanges."""
 
     # -- mesh ---------------------------------------------------------------------------------
     def _configure_launcher(self) -> None:
@@ -126,6 +134,8 @@ class SequenceParallelStrategy(ModelParallelStrategy):
         self._setup_distributed()  # the accelerator's device, then the default process group
         device = self.root_device.type
         self._device_mesh = build_device_mesh(device, self.shape)
+        if self.shape.sequence > 1:
+            self.exchange_group = sequence_exchange_group(self.shape)
         if self.sharding == "hybrid" and self.num_nodes > 1:
             self.shard_mesh = init_device_mesh(
                 device, (self.num_nodes, self.num_processes), mesh_dim_names=("replicate", "shard")
@@ -153,7 +163,11 @@ class SequenceParallelStrategy(ModelParallelStrategy):
         """The sequence axis for the module; None when sequences are not split."""
         if self._device_mesh is None or self.sequence_parallel_size == 1:
             return None
-        return SequenceShard(self._device_mesh.get_group("sequence"), self.sequence_parallel_attention)
+        return SequenceShard(
+            self._device_mesh.get_group("sequence"),
+            self.sequence_parallel_attention,
+            exchange_group=self.exchange_group,
+        )
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:

@@ -15,9 +15,15 @@ gathered too, so the ranks agree on the outcome (``any_rank``): when a rollout f
 the failed ranks restart their engines, every rank syncs, the failed ones retry, and a stop signal
 or a second failure stops every rank at once. Sequence-parallel peers that share out their
 requests (:func:`parallel.collectives.share_out`) all fail when one's engine does (the others
-with :class:`~parallel.collectives.PeerFailed`, their engines kept): they retry together. An engine
-that hangs inside a shared rollout, or fails part way through the restart's weight sync on one
-rank, still leaves its peers waiting in the collective until the process group's timeout.
+with :class:`~parallel.collectives.PeerFailed`, their engines kept): they retry together. They
+share out over a group of their own (:func:`parallel.mesh.sequence_exchange_group`), so when one's
+engine hangs, the peers' exchange is left waiting there, not in the group the ranks decide in:
+every rank times out, they agree, and they stop together. An engine that fails while loading the
+restart's weights does not leave its peers in the gathers either
+(:func:`rollout.weight_sync.sync_weights` gathers on to the end). Left: a rollout that runs the
+run's own collectives inside it (tool-use episodes encode the replies' frames with the sequence
+group; an engine that samples with the live sharded policy gathers it) can still leave peers
+waiting until the process group's time-out when it hangs part way.
 """
 
 from __future__ import annotations

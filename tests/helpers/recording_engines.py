@@ -92,10 +92,10 @@ class CallRecorder(TransformersEngine):
 
 class FlakyEngine(RolloutEngine):
     """A real engine's life cycle with scripted failures: raises on the first ``fail`` generations,
-    or sleeps ``hang_s`` in each."""
+    or sleeps ``hang_s`` in each; raises on the first ``fail_sync`` weight loads."""
 
-    def __init__(self, fail: int = 0, hang_s: float = 0.0) -> None:
-        self.fail, self.hang_s = fail, hang_s
+    def __init__(self, fail: int = 0, hang_s: float = 0.0, fail_sync: int = 0) -> None:
+        self.fail, self.hang_s, self.fail_sync = fail, hang_s, fail_sync
         self.starts: list[str] = []
         self.pushed: list[list[str]] = []
 
@@ -110,4 +110,7 @@ class FlakyEngine(RolloutEngine):
         return [RolloutResult() for _ in requests]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.fail_sync:
+            self.fail_sync -= 1
+            raise ConnectionError("engine core died loading weights")
         self.pushed.append([name for name, _ in named_tensors])
