@@ -20,6 +20,18 @@ from helpers.runs import tiny_data_args
 from models.loading import load_model
 
 
+def sharded_sft_args(model_dir: Path) -> list[str]:
+    """The sharded strategy (no sequence split, blocks in float32, gloo) on the tiny model."""
+    return [
+        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
+        "--trainer.strategy.sequence_parallel_size", "1",
+        "--trainer.strategy.param_dtype", "float32",
+        "--trainer.strategy.process_group_backend", "gloo",
+        "--model.init_args.model_path", str(model_dir),
+        "--model.init_args.max_new_tokens", "4",
+    ]  # fmt: skip
+
+
 def test_sft_trains_validates_and_checkpoints_sharded(
     tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
@@ -32,12 +44,7 @@ def test_sft_trains_validates_and_checkpoints_sharded(
         "--trainer.max_steps", "2",
         "--trainer.val_check_interval", "2",
         "--trainer.limit_val_batches", "4",
-        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
-        "--trainer.strategy.sequence_parallel_size", "1",
-        "--trainer.strategy.param_dtype", "float32",
-        "--trainer.strategy.process_group_backend", "gloo",
-        "--model.init_args.model_path", str(tiny_model_dir),
-        "--model.init_args.max_new_tokens", "4",
+        *sharded_sft_args(tiny_model_dir),
         "--model.init_args.learning_rate", "1e-3",
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
     )  # fmt: skip
@@ -69,12 +76,7 @@ def test_an_lvrl_command_ends_the_process_group_it_started(
         "--trainer.devices", "1",
         "--trainer.max_steps", "1",
         "--trainer.limit_val_batches", "0",
-        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
-        "--trainer.strategy.sequence_parallel_size", "1",
-        "--trainer.strategy.param_dtype", "float32",
-        "--trainer.strategy.process_group_backend", "gloo",
-        "--model.init_args.model_path", str(tiny_model_dir),
-        "--model.init_args.max_new_tokens", "4",
+        *sharded_sft_args(tiny_model_dir),
         *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
     )  # fmt: skip
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_dir()  # it ran under the strategy
