@@ -120,7 +120,7 @@ def _run(rank: int, store_path: str, out_dir: str) -> None:
         "shared, hangs": _scenario(rank, fail=0, hang_s=2.0, shared=peers),
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(outcomes))
-    # The "hangs" rollout's thread (2 s asleep, past the 0.5 s limit) must end before the process
+    # The hung rollouts' threads (2 s asleep, past the 0.5 s limit) must end before the process
     # does: a daemon thread waking while the process exits aborted it ("terminate called without
     # an active exception", SIGABRT) in 13 of 60 runs of this file; in none of 40 with this join.
     for thread in threading.enumerate():
