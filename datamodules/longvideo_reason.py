@@ -16,7 +16,6 @@ from datamodules.stream import (
     SkipCounter,
     VideoQAStream,
     data_parallel_coordinates,
-    leave_stopping_to_the_trainer,
 )
 from datamodules.tool_traces import ToolTraces
 from models.families import ModelFamily, family_of
@@ -145,6 +144,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         # one that is older than the newest trained position (read again after a resume).
         self._untrained: dict[tuple[int, int], set[int]] = {}
         self._train_loader: EpochAwareDataLoader | None = None
+        self._loaders: list[EpochAwareDataLoader] = []
         self._resume_state: dict[str, Any] | None = None
 
     @property
@@ -234,7 +234,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self, dataset: VideoQAStream, batch_size: int, collator: VideoQACollator, *, train: bool = False
     ) -> EpochAwareDataLoader:
         workers = self.hparams.num_workers
-        return EpochAwareDataLoader(
+        loader = EpochAwareDataLoader(
             dataset,
             epoch_fn=self._start_train_pass if train else None,
             on_exhausted=self._train_pass_exhausted if train else None,
@@ -245,8 +245,16 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             # Decoding is the slow part: let each worker run a couple of batches ahead.
             prefetch_factor=2 if workers > 0 else None,
             multiprocessing_context=self.hparams.worker_start_method if workers > 0 else None,
-            worker_init_fn=leave_stopping_to_the_trainer if workers > 0 else None,
         )
+        self._loaders.append(loader)
+        return loader
+
+    def teardown(self, stage: str) -> None:
+        # A fit that stops inside an epoch (max_steps) still holds its pass: end the workers
+        # now rather than leave them to the interpreter's exit.
+        for loader in self._loaders:
+            loader.close()
+        self._loaders.clear()
 
     def train_dataloader(self) -> EpochAwareDataLoader:
         collator = self._collator()

@@ -21,9 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
-import os
 import random
-import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +30,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
+from datamodules.loader_workers import EndingSwitch
 from datamodules.rows import MalformedRow, QARow, parse_row
 from datamodules.video import PATCH_FACTOR, SampledVideo, VideoDecodeError, decode_video
 
@@ -315,30 +314,6 @@ class VideoQAStream(IterableDataset):
                 yield sample
 
 
-def leave_stopping_to_the_trainer(worker_id: int) -> None:
-    """A dataloader worker's ``worker_init_fn``: the job's SIGTERM leaves the worker serving;
-    a second SIGTERM ends it at once, with status 0.
-
-    A scheduler pre-empting a job, ``timeout`` or ``kill -- -PGID`` signals every process of the
-    job, the workers too, and from a process other than the trainer (torch's own handler in the
-    workers exits quietly only on a SIGTERM from their parent). Killed by the signal, a worker
-    would make torch's SIGCHLD handler raise in the trainer wherever it is (seen in a rollout's
-    forward pass and in the middle of writing a checkpoint); gone, even quietly, it fails the
-    trainer's next fetch ("exited unexpectedly"), and the trainer, which stops only at the end of
-    its step, may still fetch once before that (Lightning asks for the next batch as a step
-    starts: a run pre-empted while waiting on its data ended with a traceback instead of a
-    checkpoint). So the worker goes on until the loader shuts it down as usual. The SIGTERM with
-    which torch ends a worker that outlives that shutdown arrives as a second one (or as the
-    first, with no job signal before: multiprocessing's own at the trainer's exit then is the
-    second) and ends the worker without a word.
-    """
-
-    def keep_serving(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-
-    signal.signal(signal.SIGTERM, keep_serving)
-
-
 class EpochAwareDataLoader(torch.utils.data.DataLoader):
     """A DataLoader that tells its :class:`VideoQAStream` the epoch before each pass.
 
@@ -365,16 +340,26 @@ class EpochAwareDataLoader(torch.utils.data.DataLoader):
         self._on_fetched = on_fetched
         self._passes = 0
         self._live: Iterator[Any] | None = None
+        self._user_worker_init_fn = self.worker_init_fn
 
     def __iter__(self):  # type: ignore[override]
         epoch = int(self._epoch_fn()) if self._epoch_fn is not None else self._passes
         self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
         self._passes += 1
-        iterator = super().__iter__()
-        if self._on_exhausted is None and self._on_fetched is None:
-            return iterator
-        self._live = self._watched(iterator, epoch)
+        switch = None
+        if self.num_workers > 0:
+            # Each pass's workers learn from their own switch when a SIGTERM is the trainer's.
+            switch = EndingSwitch()
+            self.worker_init_fn = switch.worker_init_fn(self._user_worker_init_fn)
+        self._live = self._watched(super().__iter__(), epoch, switch)
         return self._live
+
+    def close(self) -> None:
+        """End the pass under way, if any: its workers are shut down now (a pass the trainer
+        stopped reading part-way, e.g. at ``max_steps``, would otherwise keep them to the exit)."""
+        live, self._live = self._live, None
+        if live is not None:
+            live.close()  # type: ignore[attr-defined]
 
     def draw(self) -> Any | None:
         """The next batch of the pass the trainer is reading (the same iterator: what is drawn
@@ -383,10 +368,16 @@ class EpochAwareDataLoader(torch.utils.data.DataLoader):
             raise RuntimeError("draw() needs a pass under way: iterate the loader first")
         return next(self._live, None)
 
-    def _watched(self, iterator: Iterator[Any], epoch: int) -> Iterator[Any]:
-        for batch in iterator:
-            if self._on_fetched is not None:
-                self._on_fetched(batch)
-            yield batch
-        if self._on_exhausted is not None:
-            self._on_exhausted(epoch)
+    def _watched(self, iterator: Iterator[Any], epoch: int, switch: EndingSwitch | None) -> Iterator[Any]:
+        try:
+            for batch in iterator:
+                if self._on_fetched is not None:
+                    self._on_fetched(batch)
+                yield batch
+            if self._on_exhausted is not None:
+                self._on_exhausted(epoch)
+        finally:
+            # Read to its end, closed or collected: torch shuts the workers down as `iterator`
+            # goes with this frame, ending any that outlive that with a SIGTERM of its own.
+            if switch is not None:
+                switch.set()

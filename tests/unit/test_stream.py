@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,13 +151,7 @@ def test_skip_counts_are_shared_per_reason_and_restored() -> None:
     assert set(counter.by_reason()) <= set(SKIP_REASONS)
 
 
-def test_a_worker_sent_the_jobs_sigterm_serves_on_and_a_second_one_ends_it_quietly(
-    synth_dir: Path, tiny_model_dir: Path
-) -> None:
-    # A job's pre-emption signals every process, the workers too, while the trainer may still
-    # fetch a batch before it stops at the end of its step: the worker serves on. A second
-    # SIGTERM (torch's, ending a worker that outlives the loader's shutdown) ends it with status
-    # 0: killed by the signal, it would make torch's SIGCHLD handler raise in the trainer.
+def one_worker_loader(synth_dir: Path, tiny_model_dir: Path) -> LongVideoReasonDataModule:
     data = LongVideoReasonDataModule(
         train_shards=str(synth_dir / "train-00000.tar"),
         processor_path=str(tiny_model_dir),
@@ -166,13 +161,30 @@ def test_a_worker_sent_the_jobs_sigterm_serves_on_and_a_second_one_ends_it_quiet
         num_workers=1,
     )
     data.setup("fit")
+    return data
+
+
+def started_worker(data: LongVideoReasonDataModule) -> tuple[Iterator, multiprocessing.process.BaseProcess]:
+    """The training pass's batches, one read, and its (one) worker."""
     before = set(multiprocessing.active_children())
     batches = iter(data.train_dataloader())
     assert len(next(batches)["meta"]) == 1
     (worker,) = set(multiprocessing.active_children()) - before
-    # Sent from another process, as a scheduler's is (torch's own worker handler exits quietly
-    # only on a SIGTERM from the worker's parent).
-    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)
+    return batches, worker
+
+
+def test_a_worker_serves_on_through_the_jobs_signals_and_a_second_sigterm_ends_it_quietly(
+    synth_dir: Path, tiny_model_dir: Path
+) -> None:
+    # A job's pre-emption (SIGTERM) or a terminal's Ctrl-C (SIGINT) reaches every process, the
+    # workers too, while the trainer may still fetch a batch before it stops at the end of its
+    # step: the worker serves on. A second SIGTERM from outside ends it with status 0: killed
+    # by the signal, it would make torch's SIGCHLD handler raise in the trainer.
+    data = one_worker_loader(synth_dir, tiny_model_dir)
+    batches, worker = started_worker(data)
+    # Sent from another process, as a scheduler's or a terminal's is.
+    for sig in ("-INT", "-TERM"):
+        subprocess.run(["kill", sig, str(worker.pid)], check=True)
     worker.join(timeout=2)
     assert worker.is_alive() and worker.exitcode is None
     assert len(next(batches)["meta"]) == 1  # the data still comes
@@ -180,3 +192,30 @@ def test_a_worker_sent_the_jobs_sigterm_serves_on_and_a_second_one_ends_it_quiet
     worker.join(timeout=60)
     time.sleep(0.5)  # room for the SIGCHLD handler, which would raise here on a killed worker
     assert worker.exitcode == 0
+    data.teardown("fit")
+
+
+def test_the_trainers_first_sigterm_ends_a_worker_at_once(synth_dir: Path, tiny_model_dir: Path) -> None:
+    # At interpreter exit multiprocessing sends each live worker one SIGTERM and joins it with no
+    # time-out (a fit stopped at max_steps inside an epoch leaves its pass to that). The pass's
+    # switch, set just before (datamodules.loader_workers), makes that first SIGTERM the end: a
+    # worker that took it for the job's hung `lvrl fit` after its last step.
+    from datamodules import loader_workers
+
+    data = one_worker_loader(synth_dir, tiny_model_dir)
+    _batches, worker = started_worker(data)  # the pass stays alive, as an unfinished fit's does
+    loader_workers.end_every_pass()  # what the exit hook does
+    worker.terminate()  # what multiprocessing's exit clean-up then does
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    data.teardown("fit")
+
+
+def test_a_teardown_ends_the_pass_the_trainer_stopped_reading(synth_dir: Path, tiny_model_dir: Path) -> None:
+    data = one_worker_loader(synth_dir, tiny_model_dir)
+    batches, worker = started_worker(data)
+    data.teardown("fit")  # a fit that stopped at max_steps, part-way through the epoch
+    worker.join(timeout=10)  # torch's own shutdown: the worker leaves its loop, no signal needed
+    assert worker.exitcode == 0
+    with pytest.raises(StopIteration):
+        next(batches)
