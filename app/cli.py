@@ -9,10 +9,12 @@ building, model building, export, a run's memory plan, plots and tables of finis
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 # Tool groups and the modules that implement them, imported only when used (start-up stays fast).
 TOOL_GROUPS = {
@@ -48,6 +50,33 @@ def overview() -> str:
     return "\n".join(lines)
 
 
+STOPPED_BY_SIGNAL_EXIT_CODE = 143
+"""Exit status of any ``lvrl`` command stopped by SIGTERM or Ctrl-C (128 + SIGTERM), so that a job
+scheduler can tell a stopped command, to be run again (a fit continues from its checkpoint, a
+shard build after its last complete shard), from a finished or a failed one."""
+
+
+class StopSignal(BaseException):
+    """SIGTERM or Ctrl-C reached a tool command (not an ``Exception``: nothing may swallow it)."""
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise StopSignal(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """While a tool runs, SIGTERM and SIGINT raise :class:`StopSignal` in it: its ``with`` blocks
+    close (a worker pool is ended, a file being written is closed) and it exits with one line
+    instead of a traceback (Ctrl-C) or no word at all (SIGTERM)."""
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_tool(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(prog="lvrl", description="lvrl data and model tools")
     groups = parser.add_subparsers(dest="group", required=True)
@@ -59,7 +88,14 @@ def run_tool(argv: Sequence[str]) -> None:
         summary = module.__doc__.splitlines()[0] if module.__doc__ else None
         module.register(groups.add_parser(name, help=summary, description=summary))
     args = parser.parse_args(list(argv))
-    args.run(args)
+    subcommand = getattr(args, f"{argv[0]}_command", None)  # each group's subparsers' dest
+    command = " ".join(["lvrl", argv[0], *([subcommand] if subcommand else [])])
+    with stop_signals_raise():
+        try:
+            args.run(args)
+        except StopSignal as stop:
+            print(f"{command}: stopped by {stop} before it finished; run it again", file=sys.stderr)
+            sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from app.cli import STOPPED_BY_SIGNAL_EXIT_CODE
 from app.cli_parser import HELP_FLAGS, LvrlArgumentParser, selected_classes
 from app.logs import install_run_logging
 from app.validation import ConfigError, validate_config
@@ -101,11 +102,6 @@ class LvrlCLI(LightningCLI):
             )
 
 
-STOPPED_BY_SIGNAL_EXIT_CODE = 143
-"""Exit status of a run stopped by SIGTERM or Ctrl-C after saving its checkpoint (128 + SIGTERM),
-so that a job scheduler can tell a pre-empted run, to be resumed, from a finished one."""
-
-
 def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
     """``lvrl fit|validate|test|predict``; ``argv`` None reads ``sys.argv`` (the command line)."""
     given = sys.argv[1:] if argv is None else list(argv)
@@ -140,6 +136,17 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
         # SystemExit with status 0, which would look like a finished run.
         release_process_group()
         print(f"stopped by a signal; {_how_to_continue(given)}", file=sys.stderr)
+        sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
+    except SystemExit as stop:
+        # Lightning answers a KeyboardInterrupt (an evaluation's Ctrl-C, a training's second one)
+        # with `sys.exit(1)`, which would look like a failed run. The ranks need not agree here,
+        # so the process group stays open (an error's way out, parallel.process_group).
+        if not isinstance(stop.__context__, KeyboardInterrupt):
+            raise
+        print(f"interrupted; {_how_to_continue(given)}", file=sys.stderr)
+        sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
+    except KeyboardInterrupt:  # before or after Lightning's own loops (loading, building)
+        print(f"interrupted; {_how_to_continue(given)}", file=sys.stderr)
         sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
     release_process_group()
     return cli

@@ -12,7 +12,9 @@ temp folder and moves it; across file systems that move is a copy, which a crash
 half-written.)
 
 On SIGTERM (a pre-empted job) or a first Ctrl-C, training stops at the end of the current step
-with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once. SIGTERM is Lightning's
+with a ``last.ckpt`` of that step; a second Ctrl-C interrupts at once (one that comes within
+``SAME_CTRL_C_WITHIN_S`` of the first is taken for the same: torchrun forwards a terminal's
+Ctrl-C to ranks that got it already). SIGTERM is Lightning's
 (its handler sets ``trainer.received_sigterm`` and the loop raises ``SIGTERMException``; the
 checkpoint is written at the end of the step, or, in a one-process run, when the exception is
 raised if the signal came after that); a Ctrl-C is recorded here and stops through the public
@@ -31,6 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 from types import FrameType
 from typing import Any
 
@@ -45,6 +48,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from core.failures import SafeStop, StepNotTaken
 from core.rng import rng_states, set_rng_states
 from parallel.collectives import gather_from_all_ranks
+
+SAME_CTRL_C_WITHIN_S = 2.0
+"""A second SIGINT this soon after the first is the same Ctrl-C, forwarded by a launcher."""
 
 PARTIAL_MARKER = ".partial-"
 """Infix of checkpoint files being written (``last.ckpt.partial-<pid>``); never a ``.ckpt``."""
@@ -156,6 +162,7 @@ class RunCheckpoint(ModelCheckpoint):
     # -- pre-emption -------------------------------------------------------------------------
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.interrupt_requested = self.interrupted = False
+        self._first_sigint_at: float | None = None
         self._finished_step_data: Any = None
         try:
             self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
@@ -164,10 +171,20 @@ class RunCheckpoint(ModelCheckpoint):
 
     def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
         # The first Ctrl-C asks for a clean stop (a checkpoint at the end of the step), like
-        # SIGTERM; a second one interrupts at once.
-        signal.signal(signal.SIGINT, self._previous_sigint or signal.default_int_handler)
-        rank_zero_info("interrupt: stopping after this step with a checkpoint (Ctrl-C again to abort)")
-        self.interrupt_requested = True
+        # SIGTERM; a second one interrupts at once. torchrun forwards the terminal's Ctrl-C to
+        # ranks that have it already, a moment later: one within SAME_CTRL_C_WITHIN_S is that one.
+        now = time.monotonic()
+        if self._first_sigint_at is None:
+            self._first_sigint_at = now
+            rank_zero_info("interrupt: stopping after this step with a checkpoint (Ctrl-C again to abort)")
+            self.interrupt_requested = True
+        elif now - self._first_sigint_at > SAME_CTRL_C_WITHIN_S:
+            previous = self._previous_sigint or signal.default_int_handler
+            signal.signal(signal.SIGINT, previous)
+            if callable(previous):
+                previous(signum, frame)  # Python's own raises KeyboardInterrupt here
+            else:
+                signal.raise_signal(signal.SIGINT)
 
     def _interrupted(self, trainer: L.Trainer) -> bool:
         # Every rank must stop after the same step: one Ctrl-C on any rank stops them all.

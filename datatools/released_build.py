@@ -33,7 +33,6 @@ for LVBench, the question's count over the file); everything after the row is ch
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import statistics
@@ -63,6 +62,7 @@ from datatools.released import (
 )
 from datatools.shard_writer import MANIFEST_NAME, ShardWriter, split_entry
 from datatools.video_probe import DEFAULT_PROBE_FRAMES, VideoTooLong, probe_video
+from datatools.worker_pool import worker_pool
 
 ALL_REJECT_REASONS = REJECT_REASONS
 STATE_SUFFIX = "-build-state.json"
@@ -395,8 +395,7 @@ def _outcomes(settings: BuildSettings, items: Iterator[Candidate | Reject]) -> I
     if settings.workers == 1:
         yield from map(probe, items)
         return
-    # spawn: workers start clean (no inherited threads or open files of the parent).
-    with multiprocessing.get_context("spawn").Pool(settings.workers) as pool:
+    with worker_pool(settings.workers) as pool:
         yield from pool.imap(probe, items, chunksize=1)
 
 

@@ -424,9 +424,9 @@ def encoded_samples(
         for index in range(count):
             yield encode(config, split, index)
         return
-    import multiprocessing
     from functools import partial
 
-    # Spawn, not fork: the parent may hold threads (tqdm, torch) that fork would copy in a bad state.
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    from datatools.worker_pool import worker_pool
+
+    with worker_pool(workers) as pool:
         yield from pool.imap(partial(encode, config, split), range(count), chunksize=8)

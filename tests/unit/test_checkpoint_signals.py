@@ -34,14 +34,17 @@ class TinyModule(LightningModule):
 
 
 class CtrlCAfter(Callback):
-    """Sends this process a SIGINT at the end of training step ``step`` (as a terminal's Ctrl-C)."""
+    """Sends this process ``times`` SIGINTs, one after the other, at the end of training step
+    ``step`` (a terminal's Ctrl-C; twice: torchrun forwarding it to a rank that got it already)."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, times: int = 1) -> None:
         self.step = step
+        self.times = times
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def quiet_trainer(tmp_path, callbacks: list[Callback]) -> Trainer:
@@ -69,6 +72,29 @@ def test_a_first_ctrl_c_stops_after_the_step_with_its_checkpoint(tmp_path) -> No
     assert saved["global_step"] == 3
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     assert signal.getsignal(signal.SIGINT) is before  # Ctrl-C is the caller's again
+
+
+def test_a_ctrl_c_forwarded_by_a_launcher_is_the_same_ctrl_c(tmp_path) -> None:
+    # Two SIGINTs within SAME_CTRL_C_WITHIN_S: still the one clean stop with its checkpoint.
+    checkpoint = RunCheckpoint()
+    trainer = quiet_trainer(tmp_path, [CtrlCAfter(3, times=2), checkpoint])
+    trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
+    assert checkpoint.interrupted and trainer.global_step == 3
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+
+
+def test_a_second_ctrl_c_after_the_window_aborts(tmp_path, monkeypatch) -> None:
+    # The same two SIGINTs, the window shrunk to nothing: the second is a person's second Ctrl-C,
+    # and Lightning's KeyboardInterrupt handling ends the run at once (exit status 1, which
+    # `lvrl` turns into 143: app.lightning_cli).
+    monkeypatch.setattr("callbacks.checkpoint.SAME_CTRL_C_WITHIN_S", 0.0)
+    trainer = quiet_trainer(tmp_path, [CtrlCAfter(3, times=2), RunCheckpoint()])
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
+    assert stopped.value.code == 1 and isinstance(stopped.value.__context__, KeyboardInterrupt)
+    assert trainer.global_step == 3
+    signal.signal(signal.SIGINT, before)  # Lightning leaves SIGINT ignored after an abort
 
 
 class TermedAfterTheCheckpointHook(TinyModule):
