@@ -34,6 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # whole files to two workers in collection order (--no-loadscope-reorder): starting these first
 # keeps one worker from running the longest file alone at the end.
 LONGEST_FILES = (
+    "tests/e2e/test_exit_hygiene.py",
+    "tests/e2e/test_demo_script.py",
     "tests/distributed/test_sharded_training.py",
     "tests/e2e/test_resume.py",
     "tests/e2e/test_sharded_resume.py",

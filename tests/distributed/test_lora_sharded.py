@@ -14,7 +14,6 @@ process and makes the third update as one process does; `lvrl model export` read
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import lightning as L
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers.cli import free_port
 from helpers.sharded_runs import fit_on_rollouts, grpo_module, launched_externally, rollout_parts
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close, assert_identical
 
@@ -32,12 +32,6 @@ from rollout.weight_sync import trainable_parameters
 PROMPTS = 4
 STEPS = 3
 LORA = {"r": 4, "alpha": 8.0}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class RecordEngineWeights(L.Callback):

@@ -15,23 +15,17 @@ near-zero gradient entries up to learning-rate-sized steps: see ``helpers.sharde
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from helpers.cli import free_port
 from helpers.sharded_runs import fit_on_rollouts, grpo_module, launched_externally, rollout_parts
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
 
 PROMPTS = 4
 STEPS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _worker(

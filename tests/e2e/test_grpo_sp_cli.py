@@ -11,7 +11,6 @@ refused before any process is launched are checked through the CLI in this proce
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ import pytest
 import torch
 import yaml
 from helpers.biased_models import save_biased_model
-from helpers.cli import PROBES_ENV, REPO_ROOT, run_cli, run_lvrl_expecting_failure
+from helpers.cli import PROBES_ENV, REPO_ROOT, free_port, run_cli, run_lvrl_expecting_failure
 from helpers.rollout_settings import engine_gap_bar, tiny_rollout_settings
 from helpers.runs import logged, tiny_data_args
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
@@ -33,12 +32,6 @@ from models.rl.losses import policy_loss
 from rollout.experience import RolloutBatch
 
 STEPS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def sp_config(tmp_path: Path, attention: str) -> Path:

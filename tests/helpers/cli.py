@@ -15,6 +15,7 @@ import gc
 import io
 import logging
 import os
+import socket
 import subprocess
 import sys
 import traceback
@@ -26,6 +27,13 @@ TESTS_DIR = REPO_ROOT / "tests"
 
 # Subprocesses that load the test probes (``helpers.resume_probe...``) by class path.
 PROBES_ENV = {"PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))}
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now, for a process group's rendezvous (torchrun, gloo)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _run(
