@@ -3,13 +3,33 @@
 # from the SFT export, evaluate again, then print accuracy per category before and after GRPO
 # and plot the reward curve. FAMILY=qwen2_vl|qwen3_vl runs it on another model family (the
 # default is qwen2_5_vl; only the model directory changes, the configs are the same).
+#
+# A reduced run (the test suite runs one: tests/e2e/test_demo_script.py) sets its size, and only
+# its size, from the environment; unset, each is the configs' own:
+#   DEMO_SFT_STEPS, DEMO_GRPO_STEPS  training steps of each stage (validation runs at the last one)
+#   DEMO_EVAL_BATCHES                held-out batches of each evaluation (of the configs'
+#                                    val_batch_size questions; default: every question)
+#   DEMO_EVAL_SAMPLES                answers sampled per question at temperature 1 (default 8)
+# and LVRL the lvrl executable (default .venv/bin/lvrl), DATA_DIR the synthetic data's folder.
 set -euo pipefail
 run_dir=${1:-runs/demo}
 data_dir=${DATA_DIR:-data/synth}
-lvrl=.venv/bin/lvrl
+lvrl=${LVRL:-.venv/bin/lvrl}
 export WANDB_MODE=${WANDB_MODE:-offline}
 start=$(date +%s)
 data_args=(--data.init_args.train_shards "$data_dir/train-*.tar" --data.init_args.val_shards "$data_dir/val-*.tar")
+
+# A stage's step count, when reduced: train that many steps and validate at the last one, on at
+# most DEMO_EVAL_BATCHES batches.
+stage_size() {
+  local steps=$1
+  if [ -n "$steps" ]; then
+    echo --trainer.max_steps "$steps" --trainer.val_check_interval "$steps"
+  fi
+  if [ -n "${DEMO_EVAL_BATCHES:-}" ]; then
+    echo --trainer.limit_val_batches "$DEMO_EVAL_BATCHES"
+  fi
+}
 
 if [ ! -f "$data_dir/dataset.json" ]; then
   "$lvrl" data synth --out "$data_dir"
@@ -25,20 +45,22 @@ fi
 # accuracy moves before the greedy answer does).
 evaluate() {
   "$lvrl" validate --config configs/demo/sft.yaml \
-    --trainer.default_root_dir "$2" --trainer.limit_val_batches null \
-    --model.init_args.model_path "$1" --model.init_args.val_samples 8 "${data_args[@]}" \
+    --trainer.default_root_dir "$2" --trainer.limit_val_batches "${DEMO_EVAL_BATCHES:-null}" \
+    --model.init_args.model_path "$1" --model.init_args.val_samples "${DEMO_EVAL_SAMPLES:-8}" "${data_args[@]}" \
     --data.init_args.val_shards "$data_dir/{val,test}-*.tar"
 }
 
 echo "== stage 1: CoT-SFT"
-"$lvrl" fit --config configs/demo/sft.yaml \
+# shellcheck disable=SC2046 # stage_size prints separate words on purpose
+"$lvrl" fit --config configs/demo/sft.yaml $(stage_size "${DEMO_SFT_STEPS:-}") \
   --trainer.default_root_dir "$run_dir/sft" \
   --model.init_args.model_path "$run_dir/model-small" "${data_args[@]}"
 evaluate "$run_dir/sft/hf" "$run_dir/sft-eval"
 sft_done=$(date +%s)
 
 echo "== stage 2: GRPO from the SFT export"
-"$lvrl" fit --config configs/demo/grpo.yaml \
+# shellcheck disable=SC2046
+"$lvrl" fit --config configs/demo/grpo.yaml $(stage_size "${DEMO_GRPO_STEPS:-}") \
   --trainer.default_root_dir "$run_dir/grpo" \
   --model.init_args.model_path "$run_dir/sft/hf" "${data_args[@]}"
 evaluate "$run_dir/grpo/hf" "$run_dir/grpo-eval"
