@@ -74,6 +74,10 @@ def describe(pids: Sequence[int]) -> str:
     return "\n".join(lines) or "  (none)"
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_all(marker: str) -> None:
     for pid in processes_marked(marker):
         with contextlib.suppress(ProcessLookupError):
@@ -116,6 +120,9 @@ def run_to_its_end(
             stdout=out,
             stderr=err,
             start_new_session=True,
+            # As a terminal's foreground job: Ctrl-C not ignored (a pytest-xdist worker ignores
+            # SIGINT, and a child would inherit that, so Python would install no handler).
+            preexec_fn=_interruptible,
         )
     started = time.monotonic()
 

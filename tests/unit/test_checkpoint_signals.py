@@ -89,12 +89,16 @@ def test_a_second_ctrl_c_after_the_window_aborts(tmp_path, monkeypatch) -> None:
     # `lvrl` turns into 143: app.lightning_cli).
     monkeypatch.setattr("callbacks.checkpoint.SAME_CTRL_C_WITHIN_S", 0.0)
     trainer = quiet_trainer(tmp_path, [CtrlCAfter(3, times=2), RunCheckpoint()])
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(SystemExit) as stopped:
-        trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
+    # Python's own Ctrl-C handling, as in a terminal (a pytest-xdist worker ignores SIGINT; the
+    # second Ctrl-C goes to what was there before the run, so it would be ignored too).
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            trainer.fit(TinyModule(), DataLoader(TensorDataset(torch.randn(80, 4)), batch_size=2))
+    finally:
+        signal.signal(signal.SIGINT, before)  # (Lightning leaves SIGINT ignored after an abort)
     assert stopped.value.code == 1 and isinstance(stopped.value.__context__, KeyboardInterrupt)
     assert trainer.global_step == 3
-    signal.signal(signal.SIGINT, before)  # Lightning leaves SIGINT ignored after an abort
 
 
 class TermedAfterTheCheckpointHook(TinyModule):
