@@ -512,16 +512,24 @@ def decoder_layer_backward_bytes(text: TextModel, compute_bytes: int) -> int:
     return compute_bytes * (3 * text.intermediate_size + 2 * text.hidden_size)
 
 
+RING_SCORE_CHUNKS = 2
+"""Float32 score chunks ring attention holds at once: its backward turns the scores into the
+probabilities and their gradient into the scores' gradient in place (``parallel.ring``).
+``bench/ring_memory.py`` measures 2.58 chunks alive in backward (2.29 in forward) at 16,384
+positions over 2 ranks, the rest being the float32 copies counted beside them; 6.58 before the
+chunks were reused in place (``bench/results/ring_memory/``)."""
+
+
 def ring_transient_bytes(text: TextModel, run: RunSettings, rows: int, layer_tokens: int) -> int:
     """Ring attention's working set in one layer: float32 copies of queries, keys, values and
-    output, the key/value block in flight, and three score chunks (scores, weights, their
-    difference) of ``RING_QUERY_CHUNK`` queries against a whole block, per head and row."""
+    output, the key/value block in flight, and :data:`RING_SCORE_CHUNKS` score chunks of
+    ``RING_QUERY_CHUNK`` queries against a whole block, per head and row."""
     if run.sequence_parallel_size == 1 or run.sequence_parallel_attention != "ring":
         return 0
     per_row = layer_tokens // max(rows, 1)
     chunk = min(RING_QUERY_CHUNK, per_row)
     copies = 4 * 6 * text.q_dim * layer_tokens
-    scores = 3 * 4 * rows * text.num_heads * chunk * per_row
+    scores = RING_SCORE_CHUNKS * 4 * rows * text.num_heads * chunk * per_row
     return copies + scores
 
 

@@ -116,13 +116,14 @@ def _chunk_scores(
     after a query are masked); for packed rows, a ``(B, chunk, Lk)`` mask of the pairs the
     segment rule hides; None for a block that lies wholly in the past.
     """
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    # In place after the product: each chunk-sized temporary is one more (B, H, chunk, Lk) alive.
+    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
     if isinstance(hidden, torch.Tensor):
-        scores = scores.masked_fill(hidden.unsqueeze(1), float("-inf"))
+        scores.masked_fill_(hidden.unsqueeze(1), float("-inf"))
     elif hidden is not None:
         rows = torch.arange(hidden, hidden + query.shape[2], device=query.device)
         future = torch.arange(key.shape[2], device=query.device).unsqueeze(0) > rows.unsqueeze(1)
-        scores = scores.masked_fill(future, float("-inf"))
+        scores.masked_fill_(future, float("-inf"))
     return scores
 
 
@@ -182,7 +183,8 @@ class _RingAttention(torch.autograd.Function):
                     # A query that has seen no key yet (all hidden so far) keeps a zero output.
                     finite_max = new_max.masked_fill(new_max == float("-inf"), 0.0)
                     correction = torch.exp(row_max[:, :, rows] - finite_max)  # exp(-inf) = 0 at first
-                    weights = torch.exp(scores - finite_max.unsqueeze(-1))
+                    weights = scores.sub_(finite_max.unsqueeze(-1)).exp_()  # the scores' memory
+                    del scores
                     update = torch.matmul(weights, block_v)
                     out[:, :, rows] = out[:, :, rows] * correction.unsqueeze(-1) + update
                     row_sum[:, :, rows] = row_sum[:, :, rows] * correction + weights.sum(dim=-1)
@@ -209,13 +211,19 @@ class _RingAttention(torch.autograd.Function):
                 block_k, block_v = k[:, :, block.keys], v[:, :, block.keys]
                 for rows in _chunks(block.queries):
                     q_rows, d_out_rows = q[:, :, rows], d_out[:, :, rows]
+                    # Two (B, H, chunk, Lk) float32 tensors at most: the scores become the
+                    # probabilities in place, their gradient the scores' gradient in place, and
+                    # each goes as soon as it is used (the same values as out of place).
                     scores = _chunk_scores(q_rows, block_k, scaling, ctx.masks.hidden(block, rows, step))
-                    probs = torch.exp(scores - log_sum_exp[:, :, rows].unsqueeze(-1))
+                    probs = scores.sub_(log_sum_exp[:, :, rows].unsqueeze(-1)).exp_()
+                    del scores
                     d_v[:, :, block.keys] += torch.matmul(probs.transpose(-1, -2), d_out_rows)
                     d_probs = torch.matmul(d_out_rows, block_v.transpose(-1, -2))
-                    d_scores = probs * (d_probs - delta[:, :, rows])
+                    d_scores = d_probs.sub_(delta[:, :, rows]).mul_(probs)
+                    del probs, d_probs
                     d_q[:, :, rows] += torch.matmul(d_scores, block_k) * scaling
                     d_k[:, :, block.keys] += torch.matmul(d_scores.transpose(-1, -2), q_rows) * scaling
+                    del d_scores
             # After P hops a block and its gradient accumulator are back with their owner.
             k, v, d_k, d_v = _pass_on([k, v, d_k, d_v], shard)
         return d_q.to(query.dtype), d_k.to(key.dtype), d_v.to(value.dtype), None, None, None
