@@ -2,7 +2,8 @@
 
 Two GRPO steps run end to end, and the first step's loss and gradient norm (gradients summed
 over the group by the strategy) equal a one-process computation on the very same rollout batch:
-with Ulysses attention under Lightning's launcher, with ring attention under torchrun.
+with Ulysses attention under Lightning's launcher, with ring attention under torchrun, and with
+Ulysses attention over two "nodes" (one torchrun per node rank on this machine).
 
 The multi-process runs are `lvrl` subprocesses (a launcher starts the ranks); the layouts
 refused before any process is launched are checked through the CLI in this process.
@@ -54,7 +55,8 @@ def sp_config(tmp_path: Path, attention: str) -> Path:
 def sp2_fit(
     launcher: str, config: Path, run_dir: Path, model_dir: Path, synth_dir: Path, kl_coef: float
 ) -> None:
-    """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher or by torchrun."""
+    """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher, by torchrun, or by
+    two torchruns as two nodes of one process each."""
     args = [
         "fit",
         "--config", str(config),
@@ -69,14 +71,29 @@ def sp2_fit(
     if launcher == "lightning":
         run_cli(*args, extra_env=PROBES_ENV)
         return
-    command = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--nproc_per_node", "2", "--master_port", str(free_port()),
-        "-m", "app", *args,
-    ]  # fmt: skip
+    torchrun = [str(Path(sys.executable).parent / "torchrun"), "--master_port", str(free_port())]
     env = {**os.environ, "WANDB_MODE": "offline", **PROBES_ENV}
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
+    if launcher == "torchrun":
+        command = [*torchrun, "--nproc_per_node", "2", "-m", "app", *args]
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return
+    # Two "nodes" on this machine: one torchrun per node rank, one process each, meeting at the
+    # first node's address as the nodes of a cluster do (README: Multi-node).
+    nodes = [
+        subprocess.Popen(
+            [
+                *torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(node),
+                "--master_addr", "127.0.0.1", "-m", "app", *args,
+                "--trainer.num_nodes", "2", "--trainer.devices", "1",
+            ],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for node in (0, 1)
+    ]  # fmt: skip
+    for node in nodes:
+        _, stderr = node.communicate(timeout=600)
+        assert node.returncode == 0, stderr[-4000:]
 
 
 @pytest.mark.parametrize(
@@ -85,6 +102,8 @@ def sp2_fit(
         ("ulysses", "lightning"),
         # The same config launched by torchrun (2 processes) instead of Lightning's launcher.
         ("ring", "torchrun"),
+        # Two nodes of one process each (torchrun per node rank, on this machine).
+        ("ulysses", "torchrun-2-nodes"),
     ],
 )
 def test_sp2_fit_matches_one_process(
