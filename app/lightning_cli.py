@@ -21,6 +21,7 @@ from core.failures import SafeStop, StoppedBySignal
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.vlm_module import VLMModule
 from parallel.process_group import release_process_group
+from rollout.engine_limits import EngineLimitError
 
 RUN_DIR_TOKEN = "${trainer.default_root_dir}"
 
@@ -127,6 +128,9 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
         release_process_group()
         print(f"stopped by a signal: {stop}\ncontinue with --ckpt_path last", file=sys.stderr)
         sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
+    except EngineLimitError as refused:  # found in the rollout callback's setup, before any weight loads
+        print(f"lvrl {_subcommand(given)}: {refused}", file=sys.stderr)
+        sys.exit(2)
     except SafeStop as stop:
         release_process_group()
         print(f"training stopped: {stop}\ncontinue with --ckpt_path last once fixed", file=sys.stderr)
@@ -152,10 +156,14 @@ def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
     return cli
 
 
+def _subcommand(argv: Sequence[str]) -> str | None:
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def _how_to_continue(argv: Sequence[str]) -> str:
     """What a run stopped by a signal leaves to do: training continues from ``last.ckpt``
     (RunCheckpoint saved it); an evaluation saves no state to continue from, so it starts again."""
-    subcommand = next((arg for arg in argv if not arg.startswith("-")), None)
+    subcommand = _subcommand(argv)
     if subcommand == "fit":
         return "continue with --ckpt_path last"
     command = f"lvrl {subcommand}" if subcommand else "the run"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,9 @@ from parallel.memory_plan import (
     RunSettings,
     format_gib,
     plan_memory,
+    token_counts,
 )
+from rollout.engine_limits import RolloutShape, batched_tokens_for
 
 SEQUENCE_PARALLEL_STRATEGY = "parallel.strategy.SequenceParallelStrategy"
 ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
@@ -68,10 +71,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "rollout": {"num_generations": 8, "max_new_tokens": 256},
     "engine": {
         "dtype": "float32",
-        "max_model_len": 4096,
+        "max_model_len": None,
         "max_num_seqs": 64,
         "gpu_memory_utilization": 0.4,
         "enable_sleep_mode": False,
+        "max_num_batched_tokens": None,
     },
 }
 """Defaults of the keys the planner reads, per class (strategy, VLMModule, GRPOModule's own,
@@ -213,10 +217,27 @@ def _engine_settings(spec: Any) -> EngineSettings | None:
     return EngineSettings(
         dtype=args["dtype"],
         gpu_memory_utilization=float(args["gpu_memory_utilization"]),
-        max_model_len=int(args["max_model_len"]),
+        max_model_len=int(args["max_model_len"]) if args["max_model_len"] is not None else None,
         max_num_seqs=int(args["max_num_seqs"]),
         sleep_mode=bool(args["enable_sleep_mode"]),
+        batched_tokens=int(args["max_num_batched_tokens"]) if args["max_num_batched_tokens"] else None,
     )
+
+
+def with_engine_limits(arch: Architecture, run: RunSettings) -> RunSettings:
+    """``run`` with its engine's ``max_model_len`` and ``max_num_batched_tokens`` as the engine
+    derives them from the run's shape (:mod:`rollout.engine_limits`), where the config leaves
+    them to it."""
+    if run.engine is None:
+        return run
+    tokens = token_counts(arch, run)
+    shape = RolloutShape(video_tokens=max(tokens.video, tokens.served_video), row_tokens=tokens.row)
+    engine = replace(
+        run.engine,
+        max_model_len=run.engine.max_model_len or shape.row_tokens,
+        batched_tokens=batched_tokens_for(shape, run.engine.batched_tokens),
+    )
+    return replace(run, engine=engine)
 
 
 def model_config_file(config: dict[str, Any]) -> Path | None:
@@ -366,5 +387,5 @@ def memory_problem(
         arch = architecture_from_config(model_config)
     except (PlanInputError, UnknownArchitecture, KeyError):
         return None  # a model family the planner does not know: nothing to check against
-    plan = plan_memory(arch, settings, Device("cuda", device_memory))
+    plan = plan_memory(arch, with_engine_limits(arch, settings), Device("cuda", device_memory))
     return None if plan.fits else refusal(plan, device_name)

@@ -186,9 +186,10 @@ def main() -> None:
             flush=True,
         )
         longest = int(max(args.frames) * tokens_per_frame(args.side)) + 1024 + args.new_tokens
-        vllm = VLLMEngine(max_model_len=longest, max_num_seqs=args.generations)
-        # One prefill chunk and one encoder-cache budget must hold the longest video's tokens.
-        vllm.llm_args["max_num_batched_tokens"] = longest
+        # One prefill chunk and one encoder-cache budget hold the longest video's tokens.
+        vllm = VLLMEngine(
+            max_model_len=longest, max_num_seqs=args.generations, max_num_batched_tokens=longest
+        )
         vllm.start(PolicyHandle(str(model_dir), model, processor.tokenizer))
         hf = TransformersEngine.for_model(model, processor.tokenizer)
         if torch.get_num_threads() != 1:

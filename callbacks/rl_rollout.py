@@ -39,6 +39,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.engine_admission import rollout_shape
 from core.device_memory import PhasePeaks
 from core.frame_requests import FrameBudget
 from core.settings import settings_block
@@ -195,6 +196,15 @@ class RolloutCallback(Callback):
                 f"draw_train_batch(); {type(trainer.datamodule).__name__} has none (use "
                 "datamodules.longvideo_reason.LongVideoReasonDataModule, or set dynamic_sampling: null)"
             )
+        # Before the policy and the engine load: vLLM's limits are known from the data and the model.
+        shaped = rollout_shape(
+            dict(getattr(trainer.datamodule, "hparams", None) or {}),
+            str(pl_module.hparams.model_path),
+            self.settings.sampling.max_new_tokens,
+            self.tool_budget,
+        )
+        if shaped is not None:
+            self.engine.admit(*shaped)
         self.supervisor = EngineSupervisor(
             self.engine,
             policy=pl_module.policy,

@@ -59,7 +59,9 @@ RING_QUERY_CHUNK = 1024
 """Queries scored at a time against a key/value block by ring attention (``parallel.ring``);
 its score chunks are the ring's transient memory. Kept equal by a test."""
 ENGINE_BATCHED_TOKENS = 16384
-"""Tokens per vLLM forward (chunked prefill) whose activations vLLM profiles at start-up."""
+"""Tokens per vLLM forward (chunked prefill) whose activations vLLM profiles at start-up: its
+default ``max_num_batched_tokens`` on an H100 (a run's longest video can raise it:
+:attr:`EngineSettings.batched_tokens`)."""
 ENGINE_FIXED_OVERHEAD = 1 * GIB
 """vLLM's CUDA graphs, sampler and workspace buffers, within its reservation: an allowance."""
 ENGINE_LINE = "vLLM engine (reserved)"
@@ -235,8 +237,13 @@ class EngineSettings:
 
     dtype: str = "bfloat16"
     gpu_memory_utilization: float = 0.4
-    max_model_len: int = 4096
+    max_model_len: int | None = None
+    """None: the run's longest row (what the engine derives, ``rollout.engine_limits``)."""
     max_num_seqs: int = 64
+    batched_tokens: int | None = None
+    """``max_num_batched_tokens`` as the engine starts with it (``app.memory_check`` resolves it
+    from the data as the engine does); vLLM profiles a forward pass of that many tokens at start.
+    None: :data:`ENGINE_BATCHED_TOKENS`, vLLM's default on an H100."""
     sleep_mode: bool = False
     """Level-1 sleep between rollouts: weights to host memory, KV cache released."""
     prefix_caching: bool = True
@@ -879,9 +886,9 @@ def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: D
     # With prefix caching a sample adds its replies and turns to its prompt's shared KV.
     shared = prompts * (tokens.prompt + g * (tokens.replies + tokens.completion))
     kv_tokens = shared if engine.prefix_caching else prompts * g * tokens.row
-    kv_tokens = max(kv_tokens, engine.max_model_len)
+    kv_tokens = max(kv_tokens, engine.max_model_len or tokens.row)
     h, q, kv, i = text.hidden_size, text.q_dim, text.kv_dim, text.intermediate_size
-    activations = ENGINE_BATCHED_TOKENS * (2 * h + q + 2 * kv + 2 * i) * eb
+    activations = (engine.batched_tokens or ENGINE_BATCHED_TOKENS) * (2 * h + q + 2 * kv + 2 * i) * eb
     activations += engine.max_num_seqs * text.vocab_size * 8 + ENGINE_FIXED_OVERHEAD
     return EngineCheck(
         reserved=engine.gpu_memory_utilization * device.memory,

@@ -23,6 +23,7 @@ import torch
 from core.episode import Episode
 from core.layout import PromptLayout
 from core.video import VideoEmbedding
+from rollout.engine_limits import RolloutShape
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,11 @@ class RolloutEngine(ABC):
     needs_weight_sync: bool = True
     """False for an engine that samples with the policy module itself: nothing is gathered or
     pushed after an update (:func:`rollout.weight_sync.sync_weights`)."""
+
+    def admit(self, shape: RolloutShape, max_position_embeddings: int | None) -> None:  # noqa: B027
+        """Prepare for rollouts of ``shape`` before :meth:`start` (before any weight is loaded),
+        or raise :class:`~rollout.engine_limits.EngineLimitError` naming what to set; an engine
+        with no limits of its own (the default) takes anything."""
 
     @abstractmethod
     def start(self, policy: PolicyHandle) -> None:

@@ -22,9 +22,10 @@ Facts this relies on (vLLM 0.32, measured; see ../shared/ENVIRONMENT.md):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,6 +41,7 @@ from rollout.base import (
     SamplingConfig,
     TurnRequest,
 )
+from rollout.engine_limits import EngineLimitError, RolloutShape, batched_tokens_for, limit_problems
 from rollout.guardrails import banned_token_ids
 from rollout.weight_sync import fused_module_key
 
@@ -60,6 +62,29 @@ CPU_UNSYNCABLE_MODEL_TYPES = ("qwen3_vl_moe",)
 :meth:`VLLMEngine.start`); GPU builds are untested."""
 
 
+@contextlib.contextmanager
+def _long_max_model_len_allowed(allowed: bool) -> Iterator[None]:
+    """vLLM reads ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` while it checks its config: set it for that
+    moment only, when the engine's ``allow_long_max_model_len`` asks for it."""
+    name = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    before = os.environ.get(name)
+    if allowed:
+        os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if allowed:
+            if before is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = before
+
+
+UNSHAPED_MAX_MODEL_LEN = 4096
+"""``max_model_len`` of an engine given no :class:`~rollout.engine_limits.RolloutShape` (one started
+outside a run)."""
+
+
 class UnsupportedOnThisBuild(RuntimeError):
     """The installed vLLM build cannot do what lvrl needs of it for this model."""
 
@@ -69,7 +94,10 @@ class VLLMEngine(RolloutEngine):
 
     Args:
         dtype: ``float32`` (exact agreement with the trainer on CPU) or ``bfloat16``.
-        max_model_len: longest prompt + completion, in tokens.
+        max_model_len: longest prompt + completion, in tokens. null: the run's longest row, from
+            the data (``data.num_frames`` at ``data.max_pixels_per_frame``, the prompt text bound
+            ``data.max_prompt_tokens``, the rollouts' ``max_new_tokens``: :mod:`rollout.engine_limits`),
+            or 4,096 for an engine started outside a run.
         max_num_seqs: sequences decoded together.
         gpu_memory_utilization: GPU share for weights + KV cache (ignored on CPU).
         enable_sleep_mode: between rollouts, offload the weights to CPU memory and drop the KV
@@ -78,26 +106,49 @@ class VLLMEngine(RolloutEngine):
         seed: engine seed.
         videos_per_prompt: most videos one prompt holds: 1, or for tool-use episodes one more
             than the requests an episode may make (each reply adds a video segment).
+        max_num_batched_tokens: tokens per vLLM forward; it also sizes vLLM's encoder cache,
+            which must hold the longest video. null: derived from the data (the longest video
+            ``data.num_frames`` at ``data.max_pixels_per_frame`` can give), or vLLM's default
+            where that suffices (:mod:`rollout.engine_limits`).
+        allow_long_max_model_len: let ``max_model_len`` exceed the model's
+            ``max_position_embeddings`` (vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``). Safe only when
+            the rows' positions stay below it: under M-RoPE a video's positions grow with its
+            duration, not its tokens.
     """
 
     def __init__(
         self,
         dtype: str = "float32",
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         max_num_seqs: int = 64,
         gpu_memory_utilization: float = 0.4,
         enable_sleep_mode: bool = False,
         seed: int = 0,
         videos_per_prompt: int = 1,
+        max_num_batched_tokens: int | None = None,
+        allow_long_max_model_len: bool = False,
     ) -> None:
-        if max_model_len < 1 or max_num_seqs < 1 or videos_per_prompt < 1:
+        if (max_model_len is not None and max_model_len < 1) or max_num_seqs < 1 or videos_per_prompt < 1:
             raise ValueError("max_model_len, max_num_seqs and videos_per_prompt must be at least 1")
+        self.max_model_len = max_model_len
+        if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be at least 1 (or null), got {max_num_batched_tokens}"
+            )
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.batched_tokens = max_num_batched_tokens
+        """What vLLM starts with (:meth:`admit` derives it when not configured); None: its default."""
+        self.allow_long_max_model_len = allow_long_max_model_len
         self.videos_per_prompt = videos_per_prompt
         if not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         self.dtype = dtype
         # vLLM's own arguments: always, and those only a GPU build takes.
-        self.llm_args = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "seed": seed}
+        self.llm_args = {
+            "max_model_len": max_model_len or UNSHAPED_MAX_MODEL_LEN,
+            "max_num_seqs": max_num_seqs,
+            "seed": seed,
+        }
         self.gpu_args = {
             "gpu_memory_utilization": gpu_memory_utilization,
             "enable_sleep_mode": enable_sleep_mode,
@@ -114,6 +165,22 @@ class VLLMEngine(RolloutEngine):
         self.tokenizer: Any = None
         self.family: ModelFamily | None = None
         """The policy's model family (what vLLM is given beside a cached encoding), set by :meth:`start`."""
+
+    def admit(self, shape: RolloutShape, max_position_embeddings: int | None) -> None:
+        """Size vLLM for rollouts of ``shape`` (its encoder cache must hold the longest video), or
+        raise :class:`~rollout.engine_limits.EngineLimitError` with what vLLM would refuse."""
+        self.batched_tokens = batched_tokens_for(shape, self.max_num_batched_tokens)
+        self.llm_args["max_model_len"] = self.max_model_len or shape.row_tokens
+        problems = limit_problems(
+            shape,
+            max_model_len=self.llm_args["max_model_len"],
+            batched_tokens=self.batched_tokens,
+            max_position_embeddings=max_position_embeddings,
+            allow_long_max_model_len=self.allow_long_max_model_len,
+            where="the VLLMEngine's init_args",
+        )
+        if problems:
+            raise EngineLimitError("vLLM would refuse this run's rollouts:\n- " + "\n- ".join(problems))
 
     def start(self, policy: PolicyHandle) -> None:
         on_gpu = torch.cuda.is_available()
@@ -141,15 +208,18 @@ class VLLMEngine(RolloutEngine):
         # An in-process vLLM engine seeds the global RNGs when it starts; keep the caller's
         # (a trainer's, restored from a checkpoint on a resume).
         caller_rng = rng_states()
-        self.llm = LLM(
-            model=policy.model_path,
-            dtype=self.dtype,
-            enforce_eager=not on_gpu,
-            limit_mm_per_prompt={"image": 0, "video": self.videos_per_prompt},
-            enable_mm_embeds=True,
-            **self.llm_args,
-            **(self.gpu_args if on_gpu else {}),
-        )
+        sized = {"max_num_batched_tokens": self.batched_tokens} if self.batched_tokens is not None else {}
+        with _long_max_model_len_allowed(self.allow_long_max_model_len):
+            self.llm = LLM(
+                model=policy.model_path,
+                dtype=self.dtype,
+                enforce_eager=not on_gpu,
+                limit_mm_per_prompt={"image": 0, "video": self.videos_per_prompt},
+                enable_mm_embeds=True,
+                **self.llm_args,
+                **sized,
+                **(self.gpu_args if on_gpu else {}),
+            )
         set_rng_states(caller_rng)
         banned = set(banned_token_ids(policy.model.config, policy.tokenizer))
         vocabulary = self.llm.llm_engine.model_config.get_vocab_size()
@@ -165,6 +235,20 @@ class VLLMEngine(RolloutEngine):
 
         mapping = getattr(get_model_cls(self.llm.llm_engine.model_config), "packed_modules_mapping", {})
         return {fused: list(parts) for fused, parts in mapping.items()}
+
+    def refusal(self, request: RolloutRequest) -> str | None:
+        """What vLLM answers when ``request`` is submitted and withdrawn before it runs: None if
+        it takes it, else its reason (nothing is computed beyond vLLM's input checks)."""
+        from vllm.exceptions import VLLMClientError
+
+        request_id = f"lvrl-admission-{id(request)}"
+        params = self._params(SamplingConfig(n=1, temperature=0.0, max_new_tokens=1), 1)
+        try:
+            self.llm.llm_engine.add_request(request_id, self._prompt(request), params)
+        except (VLLMClientError, ValueError) as refused:
+            return str(refused)
+        self.llm.llm_engine.abort_request([request_id])
+        return None
 
     def _prompt(self, request: RolloutRequest) -> dict[str, Any]:
         # The prompt as the chat template wrote it (one placeholder per video): vLLM expands it

@@ -89,7 +89,13 @@ def run_plan(args: argparse.Namespace) -> None:
     """Handler of ``lvrl plan``: print the table and verdict; exit 1 when the plan does not fit."""
     import yaml
 
-    from app.memory_check import PlanInputError, architecture_for, parse_memory, run_settings
+    from app.memory_check import (
+        PlanInputError,
+        architecture_for,
+        parse_memory,
+        run_settings,
+        with_engine_limits,
+    )
     from models.architectures import UnknownArchitecture
     from parallel.memory_advice import combined_changes, suggestions
     from parallel.memory_plan import Device, plan_memory
@@ -103,6 +109,7 @@ def run_plan(args: argparse.Namespace) -> None:
         settings = run_settings(config, args.gpus, args.nodes, args.text_tokens)
     except (PlanInputError, UnknownArchitecture, ValueError) as error:
         raise SystemExit(f"lvrl plan: error: {error}") from error
+    settings = with_engine_limits(arch, settings)
     plan = plan_memory(arch, settings, Device(args.device, memory))
     ideas = [] if plan.fits else suggestions(plan)
     combined = [] if plan.fits else combined_changes(plan)

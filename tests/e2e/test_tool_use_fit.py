@@ -69,7 +69,7 @@ def test_tool_use_episodes_train_through_lightning(
     engine = (
         TransformersEngine()
         if engine_name == "transformers"
-        else VLLMEngine(dtype="float32", max_model_len=1024, max_num_seqs=8, videos_per_prompt=3)
+        else VLLMEngine(dtype="float32", max_num_seqs=8, videos_per_prompt=3)
     )
     trainer = fit(asking_model_dir, synth_dir, tmp_path, engine)
     metrics = trainer.callback_metrics
@@ -92,7 +92,7 @@ def test_tool_use_refuses_a_setup_that_cannot_run(
     with pytest.raises(ValueError, match="tool_use: true"):
         fit(asking_model_dir, synth_dir, tmp_path, TransformersEngine(), tool_use=False)
     with pytest.raises(ValueError, match="videos_per_prompt: 3"):
-        fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32", max_model_len=1024))
+        fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32"))
     with pytest.raises(ValueError, match="unknown settings"):
         RolloutCallback(engine=TransformersEngine(), tool_use={"max_call": 2})
 

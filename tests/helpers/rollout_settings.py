@@ -20,7 +20,7 @@ ROLLOUT_CLASS_PATH = "callbacks.rl_rollout.RolloutCallback"
 
 
 ENGINE_CONFIGS: dict[str, dict[str, Any]] = {
-    "vllm": {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": {"max_model_len": 1024}},
+    "vllm": {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": {}},
     "transformers": {"class_path": "rollout.hf_engine.TransformersEngine"},
 }
 """The rollout engines by name, as a config's ``engine:`` entry (the demo config's vLLM settings)."""
