@@ -114,6 +114,10 @@ class TransformersEngine(RolloutEngine):
             attention_mask=attention,
             position_ids=positions.to(device).unsqueeze(1).expand(3, n, -1),
             use_cache=True,
+            # Only the last position's logits are sampled from: over a long video prompt the
+            # full-vocabulary logits of every position would be the largest tensor of the pass
+            # (a 7B model at 512 frames: ~11 GiB a row in bf16).
+            logits_to_keep=1,
         )
         stop_ids = self.stop_ids | {self.tokenizer.convert_tokens_to_ids(t) for t in sampling.stop_tokens}
         generator = torch.Generator(device=device)
