@@ -363,6 +363,7 @@ class VLMModule(L.LightningModule):
         model = self.model
         positions = self.position_ids(batch)
         pixels, grids, _ = layout_videos(batch)
+        pixels = pixels.to(self.device)  # kept on the host until now (the datamodule's transfer)
         out = self.run_model(
             lambda: model(
                 input_ids=batch["input_ids"],

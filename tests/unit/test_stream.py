@@ -219,3 +219,19 @@ def test_a_teardown_ends_the_pass_the_trainer_stopped_reading(synth_dir: Path, t
     assert worker.exitcode == 0
     with pytest.raises(StopIteration):
         next(batches)
+
+
+def test_the_pixel_values_stay_on_the_host_when_a_batch_moves_to_the_device(
+    synth_dir: Path, tiny_model_dir: Path
+) -> None:
+    # The "meta" device stands in for a GPU here: every tensor the transfer moves ends up there.
+    import torch
+
+    data = one_worker_loader(synth_dir, tiny_model_dir)
+    data.hparams.num_workers = 0
+    batch = next(iter(data.train_dataloader()))
+    moved = data.transfer_batch_to_device(batch, torch.device("meta"), 0)
+    assert moved["pixel_values_videos"].device.type == "cpu"
+    assert moved["input_ids"].device.type == "meta" and moved["video_grid_thw"].device.type == "meta"
+    assert moved.keys() == batch.keys()
+    data.teardown("fit")
