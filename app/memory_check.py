@@ -32,6 +32,7 @@ from parallel.memory_plan import (
     EngineSettings,
     MemoryPlan,
     RunSettings,
+    ValidationSettings,
     format_gib,
     plan_memory,
     token_counts,
@@ -53,7 +54,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "cpu_offload": False,
         "check_memory_plan": True,
     },
-    "module": {"dtype": "float32", "freeze_vision": False, "gradient_checkpointing": False, "lora": None},
+    "module": {
+        "dtype": "float32",
+        "freeze_vision": False,
+        "gradient_checkpointing": False,
+        "lora": None,
+        "max_new_tokens": 256,
+        "val_samples": 0,
+        "vision_patches_per_pass": None,
+    },
     "grpo": {
         "freeze_vision": True,
         "micro_batch_rows": None,
@@ -204,7 +213,27 @@ def run_settings(
         policy_generates=policy_generates,
         tool_calls=0 if tools is None else tools.max_calls,
         tool_frames=tool_frames,
+        validation=_validation_settings(trainer, module, data_args),
+        vision_patches_per_pass=module["vision_patches_per_pass"],
         **layout,
+    )
+
+
+def _validation_settings(
+    trainer: dict[str, Any], module: dict[str, Any], data: dict[str, Any]
+) -> ValidationSettings | None:
+    """The validation a fit makes between its steps; None without validation shards or batches."""
+    limit = trainer.get("limit_val_batches", 1.0)
+    if not data.get("val_shards") or limit in (0, 0.0):
+        return None
+    frames = data.get("val_num_frames") or [data["num_frames"]]
+    return ValidationSettings(
+        batch_size=int(data.get("val_batch_size") or data["batch_size"]),
+        num_frames=int(max(frames)),
+        samples=int(module["val_samples"]),
+        max_new_tokens=int(module["max_new_tokens"]),
+        target_tokens=int(data["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS),
+        sanity_check=trainer.get("num_sanity_val_steps", 2) != 0,  # Lightning's default: 2
     )
 
 

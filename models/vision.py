@@ -27,6 +27,42 @@ def encode_videos(
     return family_of(model.config).encode_videos(model, pixel_values_videos, video_grid_thw)
 
 
+def encode_videos_in_passes(
+    model: torch.nn.Module, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor, max_patches: int
+) -> list[torch.Tensor]:
+    """:func:`encode_videos` in passes of at most ``max_patches`` patches (whole temporal patches;
+    one of them alone may exceed it), concatenated per video: the same embeddings, since the
+    Qwen-VL towers attend within a temporal patch (``parallel.encoding`` splits the frames over
+    ranks on the same ground), with the tower's working set bounded by one pass."""
+    offsets = [0, *torch.cumsum(video_grid_thw.prod(dim=-1), 0).tolist()]
+    passes: list[list[tuple[int, int, int]]] = [[]]
+    used = 0
+    for video, (t, h, w) in enumerate(video_grid_thw.tolist()):
+        for first in range(t):
+            if passes[-1] and used + h * w > max_patches:
+                passes.append([])
+                used = 0
+            pieces = passes[-1]
+            if pieces and pieces[-1][0] == video:
+                pieces[-1] = (video, pieces[-1][1], pieces[-1][2] + 1)
+            else:
+                pieces.append((video, first, 1))
+            used += h * w
+    encoded: list[list[torch.Tensor]] = [[] for _ in range(len(video_grid_thw))]
+    for pieces in passes:
+        steps = [int(video_grid_thw[v, 1] * video_grid_thw[v, 2]) for v, _, _ in pieces]
+        pixels = torch.cat(
+            [
+                pixel_values_videos[offsets[v] + t * step : offsets[v] + (t + n) * step]
+                for (v, t, n), step in zip(pieces, steps, strict=True)
+            ]
+        )
+        grids = torch.tensor([[n, *video_grid_thw[v, 1:].tolist()] for v, _, n in pieces])
+        for (v, _, _), embeds in zip(pieces, encode_videos(model, pixels, grids), strict=True):
+            encoded[v].append(embeds)
+    return [torch.cat(parts) for parts in encoded]
+
+
 def encode_row_segments(
     model: torch.nn.Module, segments: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]]
 ) -> list[list[torch.Tensor]]:

@@ -27,6 +27,7 @@ from core.failures import NonFiniteUpdates
 from core.frame_requests import FrameBudget
 from core.positions import mrope_position_ids
 from core.settings import settings_block
+from core.video import VideoEncoder
 from evaluation.evaluator import (
     Evaluator,
     ValidationResult,
@@ -40,7 +41,7 @@ from models.export import save_hf_model
 from models.families import ModelFamily, family_of
 from models.loading import load_model, load_processor, model_skeleton
 from models.lora import LoraSettings, apply_lora
-from models.vision import decoder_blocks, encode_videos, vision_tower
+from models.vision import decoder_blocks, encode_videos, encode_videos_in_passes, vision_tower
 from parallel.contract import AttentionHeads, ShardingStrategy
 from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
@@ -138,6 +139,9 @@ class VLMModule(L.LightningModule):
             frames_per_episode, default_fps}`` as the RL callback's ``tool_use``; the data needs
             ``tool_use: true``. Logs ``val/requests_per_answer`` and ``val/frames_per_answer``
             (the overview's frames plus those served). None: single-turn answers.
+        vision_patches_per_pass: the vision tower encodes at most this many patches at a time
+            (whole temporal patches), bounding its working set (a 7B run at 4,096 frames: 6.5 GiB
+            a GPU for 131,072 patches at once); the same embeddings. None: all of a step's at once.
     """
 
     def __init__(
@@ -159,8 +163,11 @@ class VLMModule(L.LightningModule):
         val_judge: dict[str, Any] | None = None,
         lora: dict[str, Any] | None = None,
         val_tool_use: dict[str, Any] | None = None,
+        vision_patches_per_pass: int | None = None,
     ) -> None:
         super().__init__()
+        if vision_patches_per_pass is not None and vision_patches_per_pass < 1:
+            raise ValueError(f"vision_patches_per_pass={vision_patches_per_pass} must be positive (or null)")
         self.val_tool_budget = settings_block(FrameBudget, val_tool_use, "val_tool_use")
         self._val_tool_records: list[dict[str, Any]] = []
         """Per greedy answer of the current validation batch, with tool use: its requests, the
@@ -323,11 +330,17 @@ class VLMModule(L.LightningModule):
         the strategy set one (MR-SP stage 1: the group encodes the frames together, then every
         rank holds every embedding)."""
         assert self.model is not None
+        per_pass = self.hparams.get("vision_patches_per_pass")
+        encode: VideoEncoder = (
+            functools.partial(encode_videos_in_passes, self.model, max_patches=per_pass)
+            if per_pass is not None
+            else functools.partial(encode_videos, self.model)
+        )
         if self.sequence_shard is None:
-            return encode_videos(self.model, pixels, grid_thw)
+            return encode(pixels, grid_thw)
         family = self.family
         return encode_videos_sequence_parallel(
-            functools.partial(encode_videos, self.model),
+            encode,
             pixels,
             grid_thw,
             self.sequence_shard.group,
@@ -455,7 +468,9 @@ class VLMModule(L.LightningModule):
             )
         with self.gathered_model() as model:  # ranks decode different numbers of tokens
             engine = TransformersEngine.for_model(model, self.processor.tokenizer)
-            videos = encode_videos(model, batch["pixel_values_videos"], batch["video_grid_thw"])
+            # Sequence-parallel peers evaluate the same questions: they encode the videos together,
+            # each its share of the frames (a whole long video on every GPU would not fit).
+            videos = self.encode_videos(batch["pixel_values_videos"], batch["video_grid_thw"])
             requests = validation_requests(batch, videos)
             if self.val_tool_budget is None:
                 results = engine.generate(requests, sampling)

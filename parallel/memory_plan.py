@@ -25,17 +25,24 @@ What is counted (the lines of :func:`plan_memory`; the formulas are in each func
   autograd over this rank's share of the frames (MR-SP stage 1); the embeddings are cached
   for the step. Trainable, it is sharded like the language model and its activations count.
 - **the colocated vLLM engine**: it reserves ``gpu_memory_utilization`` of the device,
-  whatever it needs; the plan checks that its weights, activation peak, encoder cache and the
-  KV cache of the rollouts fit inside that reservation (:class:`EngineCheck`). With sleep
-  mode the engine releases its memory while the trainer trains.
-- **framework overhead** on a GPU: CUDA context, NCCL buffers, library workspaces and the
-  caching allocator's fragmentation (:data:`CUDA_FIXED_OVERHEAD`, :data:`FRAGMENTATION`).
+  whatever it needs; the plan checks that its weights, the activations of the forward pass it
+  profiles at start-up (``max_num_batched_tokens`` tokens, raised to the longest video so that
+  its encoder cache takes it), its encoder cache and the KV cache of the rollouts fit inside that
+  reservation (:class:`EngineCheck`). With sleep mode the engine releases its memory while the
+  trainer trains, and from the weight sync to the next rollout holds only its weights. Outside
+  its share it holds its own context and what sleep keeps (:data:`VLLM_OUTSIDE_SHARE`).
+- **validation** between steps, as the module runs it (:class:`ValidationSettings`): the policy
+  gathered whole on every rank, the batch's videos encoded over the sequence-parallel group,
+  a question's decoding or the batch's loss forward.
+- **framework overhead** on a GPU: CUDA context and workspaces, NCCL's buffers per process
+  group, the caching allocator's fragmentation (:data:`CUDA_CONTEXT`, :data:`NCCL_PER_GROUP`,
+  :data:`FRAGMENTATION`): stated allowances.
 
 The peak is the largest phase of a step: rollout (vLLM awake, the video encoded), weight sync
-(vLLM awake, the new weights streamed to it one parameter at a time or more), and two moments
-of training: backward through the output head (logits and their gradients alive, every layer's
-activations stored) and backward through a decoder block (its recomputed working set alive).
-SFT has the encoding and the two training moments.
+(vLLM's weights awake, the new weights streamed to it one parameter at a time or more), two
+moments of training: backward through the output head (logits and their gradients alive, every
+layer's activations stored) and backward through a decoder block (its recomputed working set
+alive), and validation. SFT has the encoding, the two training moments and validation.
 """
 
 from __future__ import annotations
@@ -48,13 +55,19 @@ from typing import Literal
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
-CUDA_FIXED_OVERHEAD = 2 * GIB
-"""CUDA context and kernels (~0.7 GiB with torch's libraries loaded), NCCL communicators for
-the world, data and sequence groups (~1 GiB), cuBLAS/flash workspaces: an allowance, not a
-measurement of this run."""
+CUDA_CONTEXT = 1 * GIB
+"""CUDA context and kernels (~0.7 GiB with torch's libraries loaded) and the cuBLAS/flash
+workspaces: an allowance, not a measurement of this run."""
+NCCL_PER_GROUP = GIB // 2
+"""NCCL's buffers per communicator the trainer opens (the world, data-parallel, sequence-parallel
+and sequence-exchange groups): reports range over 0.4-1.5 GB a communicator; an allowance."""
+VLLM_OUTSIDE_SHARE = 3 * GIB // 2
+"""What a colocated vLLM holds outside its ``gpu_memory_utilization`` share: its engine process's
+context (in its own process by default on a GPU) and what level-1 sleep keeps on the device
+(reported 0.5-3 GB); an allowance."""
 FRAGMENTATION = 0.05
 """Share of the trainer's tensors lost to the caching allocator's fragmentation (lower with
-``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``)."""
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): a stated allowance, not measured."""
 RING_QUERY_CHUNK = 1024
 """Queries scored at a time against a key/value block by ring attention (``parallel.ring``);
 its score chunks are the ring's transient memory. Kept equal by a test."""
@@ -74,11 +87,18 @@ most: a byte-level BPE tokenizer (Qwen's) writes no more tokens than the text ha
 (a special token such as ``<|im_start|>`` is one), and the longest served reply has fewer (a
 test keeps it so)."""
 
-Phase = Literal["always", "rollout", "sync", "head", "layers", "training", "engine"]
+Phase = Literal["always", "rollout", "sync", "head", "layers", "validation", "training", "engine", "between"]
 """When a line is held: always; in one phase; ``training``: in both backward moments (``head``:
 backward through the output head, the logits' gradients alive; ``layers``: backward through a
-decoder block, its working set alive); ``engine``: whenever vLLM is awake (rollout and sync)."""
-PHASES = ("rollout", "sync", "head", "layers")
+decoder block, its working set alive); ``engine``: whenever vLLM is awake (rollout and sync);
+``between``: from a step's weight sync to the next rollout (the sync, a validation), when a
+sleeping vLLM has its weights back and its KV cache not yet."""
+PHASES = ("rollout", "sync", "head", "layers", "validation")
+HELD_IN: dict[str, frozenset[str]] = {
+    "training": frozenset({"head", "layers"}),
+    "engine": frozenset({"rollout", "sync"}),
+    "between": frozenset({"sync", "validation"}),
+}
 
 
 @dataclass(frozen=True)
@@ -252,6 +272,27 @@ class EngineSettings:
 
 
 @dataclass(frozen=True)
+class ValidationSettings:
+    """The validation a training run makes (``trainer.val_check_interval`` with validation batches), as
+    :class:`models.vlm_module.VLMModule` runs it: the policy gathered whole on every rank (ranks may
+    hold different numbers of batches, so no collective may run inside), each batch's videos
+    encoded over the sequence-parallel group, every question decoded by the transformers engine
+    (its greedy answer, then ``samples`` sampled ones: that many copies of the prompt prefilled
+    together), and the teacher-forced loss of the batch over its targets."""
+
+    batch_size: int
+    num_frames: int
+    """The most frames a validation video has (``data.num_frames``, or the largest of a sweep)."""
+    samples: int = 0
+    max_new_tokens: int = 256
+    target_tokens: int = 4096
+    """Targets of the loss forward (``data.max_target_tokens``)."""
+    sanity_check: bool = False
+    """Lightning's sanity check validates before the first step (``trainer.num_sanity_val_steps``,
+    2 by default), with a colocated vLLM just started and wholly awake."""
+
+
+@dataclass(frozen=True)
 class RunSettings:
     """Everything of a run's config that decides its memory (read by ``app.memory_check``)."""
 
@@ -302,6 +343,10 @@ class RunSettings:
     tool_frames: int = 0
     """The most frames the replies of one episode hold (``tool_use.frames_per_episode``), at
     ``max_pixels_per_frame`` each."""
+    validation: ValidationSettings | None = None
+    """The validation between training steps; None: the run validates nothing."""
+    vision_patches_per_pass: int | None = None
+    """The tower encodes at most this many patches at once (the module's setting); None: all."""
 
     @property
     def shard_size(self) -> int:
@@ -355,11 +400,7 @@ class Line:
 
     def held_in(self, phase: str) -> bool:
         """Whether the line's bytes are on the device during ``phase``."""
-        return (
-            self.phase in ("always", phase)
-            or (self.phase == "engine" and phase in ("rollout", "sync"))
-            or (self.phase == "training" and phase in ("head", "layers"))
-        )
+        return self.phase in ("always", phase) or phase in HELD_IN.get(self.phase, ())
 
 
 @dataclass(frozen=True)
@@ -659,31 +700,26 @@ def plan_memory(arch: Architecture, run: RunSettings, device: Device) -> MemoryP
                 f"the largest parameter gathered in full ({largest / 1e6:.0f}M) + its engine-dtype copy",
             )
         )
-        lines.append(
-            Line(
-                ENGINE_LINE,
-                engine.reserved,
-                "engine" if run.engine.sleep_mode else "always",
-                f"gpu_memory_utilization {run.engine.gpu_memory_utilization:g} of the device"
-                + ("; asleep while training" if run.engine.sleep_mode else ""),
-            )
-        )
+        lines += _engine_lines(arch, run, engine)
     if run.kind == "grpo" and run.policy_generates:
         lines += _generation_lines(arch, run, tokens, held, compute)
+    if run.validation is not None:
+        lines += _validation_lines(arch, run, held, compute)
     if device.kind == "cuda":
         # Fragmentation of the trainer's own tensors (vLLM's share is its own pool).
-        trainer_peak = max(_phase_totals([line for line in lines if line.name != ENGINE_LINE]).values())
-        overhead = CUDA_FIXED_OVERHEAD + FRAGMENTATION * trainer_peak
+        trainer_peak = max(_phase_totals(run, [line for line in lines if line.name != ENGINE_LINE]).values())
+        groups = 1 + (run.world_size // run.sequence_parallel_size > 1) + 2 * (run.sequence_parallel_size > 1)
         lines.append(
             Line(
                 "framework overhead",
-                overhead,
+                CUDA_CONTEXT + groups * NCCL_PER_GROUP + FRAGMENTATION * trainer_peak,
                 "always",
-                f"CUDA context, NCCL, workspaces {CUDA_FIXED_OVERHEAD / GIB:.0f} GiB "
-                f"+ {FRAGMENTATION:.0%} fragmentation",
+                f"CUDA context and workspaces {CUDA_CONTEXT / GIB:g} GiB, NCCL {groups} group(s) x "
+                f"{NCCL_PER_GROUP / GIB:g} GiB, {FRAGMENTATION:.0%} fragmentation of the trainer's peak "
+                "(allowances)",
             )
         )
-    return MemoryPlan(arch, run, device, tokens, tuple(lines), engine, _phase_totals(lines))
+    return MemoryPlan(arch, run, device, tokens, tuple(lines), engine, _phase_totals(run, lines))
 
 
 def _generation_lines(
@@ -719,10 +755,125 @@ def _generation_lines(
     return lines
 
 
-def _phase_totals(lines: list[Line]) -> dict[str, float]:
-    """Bytes held in each phase the step has (a run without an engine has no sync phase)."""
-    present = [phase for phase in PHASES if phase != "sync" or any(line.phase == "sync" for line in lines)]
+def _phase_totals(run: RunSettings, lines: list[Line]) -> dict[str, float]:
+    """Bytes held in each phase the run has (no sync without an engine, no validation unless it
+    validates)."""
+    present = [
+        phase
+        for phase in PHASES
+        if (phase != "sync" or any(line.phase == "sync" for line in lines))
+        and (phase != "validation" or run.validation is not None)
+    ]
     return {phase: sum(line.bytes for line in lines if line.held_in(phase)) for phase in present}
+
+
+def _engine_lines(arch: Architecture, run: RunSettings, engine: EngineCheck) -> list[Line]:
+    """The colocated vLLM: its share while it samples; with sleep mode, from the weight sync to the
+    next rollout only its weights (the KV cache wakes with the next rollout: a validation in
+    between runs without it); what it holds outside its share."""
+    assert run.engine is not None
+    asleep = run.engine.sleep_mode
+    lines = [
+        Line(
+            ENGINE_LINE,
+            engine.reserved,
+            "rollout" if asleep else "always",
+            f"gpu_memory_utilization {run.engine.gpu_memory_utilization:g} of the device"
+            + ("; asleep while training" if asleep else ""),
+        ),
+        Line(
+            "vLLM outside its share",
+            VLLM_OUTSIDE_SHARE,
+            "always",
+            "its engine process's context, what sleep keeps (an allowance)",
+        ),
+    ]
+    if asleep:
+        lines.append(
+            Line(
+                "vLLM weights (awake, KV cache asleep)",
+                engine.weights,
+                "between",
+                "woken for the weight sync; the KV cache waits for the next rollout",
+            )
+        )
+        if run.validation is not None and run.validation.sanity_check:
+            lines.append(
+                Line(
+                    "vLLM rest of its share (sanity check)",
+                    engine.reserved - engine.weights,
+                    "validation",
+                    "the sanity check validates with the engine just started, wholly awake "
+                    "(trainer.num_sanity_val_steps: 0 avoids it)",
+                )
+            )
+    return lines
+
+
+def decoder_layer_forward_bytes(text: TextModel, compute_bytes: int) -> int:
+    """Per token, one decoder layer's forward without autograd at its fullest (the MLP): the
+    residual stream and the normed input, and three intermediate-sized tensors (the activated
+    gate, the up projection and their product)."""
+    return compute_bytes * (2 * text.hidden_size + 3 * text.intermediate_size)
+
+
+def _validation_lines(arch: Architecture, run: RunSettings, held: int, compute: int) -> list[Line]:
+    """A validation between steps (:class:`ValidationSettings`): the policy gathered on every rank,
+    the batch's videos encoded over the sequence-parallel group and cached whole, then the larger
+    of a question's decoding (its prompt prefilled as ``samples`` copies, their KV cache) and the
+    batch's teacher-forced loss forward (no autograd: one layer's working set, the targets' logits)."""
+    val = run.validation
+    assert val is not None
+    text, vision = arch.text, arch.vision
+    video = video_tokens(vision, val.num_frames, run.max_pixels_per_frame)
+    times = val.num_frames // vision.temporal_patch_size * vision.text_tokens_per_temporal_patch
+    prompt = video + run.text_tokens + times
+    lines = []
+    if run.sharding != "replicated":
+        lines.append(
+            Line(
+                "policy gathered for validation",
+                held * compute,
+                "validation",
+                f"{held / 1e9:.2f}B x {compute} B on every rank (no collective may run inside a validation)",
+            )
+        )
+    vision_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype] if run.freeze_vision else compute
+    patches = -(-val.batch_size * video * vision.spatial_merge_size**2 // run.sequence_parallel_size)
+    levels = 1 + vision.deepstack_levels
+    encoded = val.batch_size * video * levels * vision.out_hidden_size * vision_bytes
+    at_once = patches_per_pass(vision, run, patches)
+    lines.append(
+        Line(
+            "validation videos",
+            encoded + at_once * vision_working_bytes_per_patch(vision, vision_bytes),
+            "validation",
+            f"{val.batch_size} x {video:,} tokens encoded over the sequence-parallel group "
+            f"({patches:,} patches here) and cached whole",
+        )
+    )
+    rows = max(1, val.samples)
+    decoding = (
+        rows * (prompt + val.max_new_tokens) * text.kv_bytes_per_token(compute)
+        + rows * prompt * (decoder_layer_forward_bytes(text, compute) + text.hidden_size * compute)
+        + rows * text.vocab_size * (compute + 4)
+    )
+    loss_tokens = val.batch_size * (prompt + val.target_tokens)
+    loss = loss_tokens * (
+        decoder_layer_forward_bytes(text, compute) + text.hidden_size * compute
+    ) + val.batch_size * val.target_tokens * text.vocab_size * (compute + 2 * 4)
+    lines.append(
+        Line(
+            "validation decoding or loss forward",
+            max(decoding, loss),
+            "validation",
+            f"decoding {format_gib(decoding)} ({rows} cop{'ies' if rows > 1 else 'y'} of a {prompt:,}-token "
+            f"prompt prefilled, KV cache to {val.max_new_tokens:,} new tokens), loss forward "
+            f"{format_gib(loss)} ({val.batch_size} x {prompt + val.target_tokens:,} tokens, logits of "
+            f"{val.target_tokens:,} targets): the larger",
+        )
+    )
+    return lines
 
 
 def _training_lines(
@@ -858,16 +1009,27 @@ def _encoding_lines(arch: Architecture, run: RunSettings, tokens: Tokens) -> lis
     if not run.freeze_vision:
         return []
     dtype_bytes = DTYPE_BYTES[run.frozen_vision_dtype or run.master_dtype]
-    working = tokens.patches * vision_working_bytes_per_patch(arch.vision, dtype_bytes)
+    at_once = patches_per_pass(arch.vision, run, tokens.patches)
+    working = at_once * vision_working_bytes_per_patch(arch.vision, dtype_bytes)
     where = "this rank's" if run.sequence_parallel_size > 1 else "all"
+    passes = f" in passes of {at_once:,}" if at_once < tokens.patches else ""
     return [
         Line(
             "vision encoding working set",
             working,
             "rollout",
-            f"{where} {tokens.patches:,} patches, no autograd",
+            f"{where} {tokens.patches:,} patches{passes}, no autograd",
         )
     ]
+
+
+def patches_per_pass(vision: VisionModel, run: RunSettings, patches: int) -> int:
+    """Patches the tower holds at once when it encodes ``patches``: all of them, or passes of
+    ``vision_patches_per_pass`` whole temporal patches (one alone may be larger)."""
+    if run.vision_patches_per_pass is None:
+        return patches
+    temporal = (run.max_pixels_per_frame // vision.pixels_per_token) * vision.spatial_merge_size**2
+    return min(patches, max(run.vision_patches_per_pass, temporal))
 
 
 def engine_check(arch: Architecture, run: RunSettings, tokens: Tokens, device: Device) -> EngineCheck:

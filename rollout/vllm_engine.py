@@ -353,11 +353,9 @@ class VLLMEngine(RolloutEngine):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
 
     def finish_weight_update(self) -> None:
-        """Wake the KV cache (left asleep during the sync, so the sync has its memory) and drop
-        the cached prefixes and encoder outputs, computed with the old weights."""
-        if "kv_cache" in self.asleep:
-            self.llm.wake_up(["kv_cache"])
-            self.asleep.discard("kv_cache")
+        """Drop the cached prefixes and encoder outputs, computed with the old weights. The KV
+        cache stays asleep until the next :meth:`generate` wakes it: what runs between the sync
+        and the next rollout (a validation, a checkpoint) has the device without it."""
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
 

@@ -160,7 +160,13 @@ def _header(plan: MemoryPlan, config_name: str) -> list[str]:
 
 def _titles(plan: MemoryPlan) -> dict[str, str]:
     first = "rollout" if plan.settings.kind == "grpo" else "encoding"
-    return {"rollout": first, "sync": "weight sync", "head": "train: head", "layers": "train: blocks"}
+    return {
+        "rollout": first,
+        "sync": "weight sync",
+        "head": "train: head",
+        "layers": "train: blocks",
+        "validation": "validation",
+    }
 
 
 def _table(plan: MemoryPlan) -> list[str]:

@@ -493,23 +493,66 @@ def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
 
 
 # -- lvrl plan --------------------------------------------------------------------------------------
+HEADROOM_GIB = 8
+"""What every phase of a shipped real-size config leaves free on its GPU, at least: the planner's
+allowances (CUDA context, NCCL, fragmentation, vLLM outside its share) are estimates."""
+
+
 @pytest.mark.parametrize("config", list(REAL_CONFIGS))
-def test_lvrl_plan_says_each_real_config_fits_on_eight_80gb_gpus(config: str) -> None:
+def test_each_real_config_fits_eight_80gb_gpus_with_headroom_in_every_phase(config: str) -> None:
     path = f"configs/qwen2_5_vl/{config}"
-    result = lvrl(
-        "plan",
-        "--config",
-        path,
-        "--architecture",
-        REAL_CONFIGS[config],
-        "--gpus",
-        "8",
-        "--gpu-memory",
-        "80GB",
-    )
+    args = ["--architecture", REAL_CONFIGS[config], "--gpus", "8", "--gpu-memory", "80GB"]
+    result = lvrl("plan", "--config", path, *args)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "\nfits: peak" in result.stdout
     assert "vLLM" in result.stdout or config.startswith("sft")
+    header = next(line for line in result.stdout.splitlines() if "train: blocks" in line)
+    assert "validation" in header  # every shipped config validates during training: planned
+    plan = json.loads(lvrl("plan", "--config", path, *args, "--json").stdout)
+    free = {phase: 80 - total / 2**30 for phase, total in plan["phase_totals"].items()}
+    assert "validation" in free and min(free.values()) >= HEADROOM_GIB, free
+
+
+@pytest.mark.parametrize(
+    ("config", "old_settings", "phase"),
+    [
+        # 9d84ddc's 512-frame config: the sanity check validates with vLLM wholly awake.
+        ("grpo_7b.yaml", {"trainer.num_sanity_val_steps": None}, "validation"),
+        # 9d84ddc's 4,096-frame config: vLLM's share too small once it profiles 262k tokens, and a
+        # 266k-token validation prompt on each GPU.
+        (
+            "grpo_7b_4096f.yaml",
+            {
+                "trainer.num_sanity_val_steps": None,
+                "data.init_args.val_num_frames": None,
+                "model.init_args.vision_patches_per_pass": None,
+                "model.init_args.reference_placement": "sharded",
+                "trainer.strategy.init_args.cpu_offload": False,
+                "trainer.callbacks.0.init_args.engine.init_args.gpu_memory_utilization": 0.5,
+            },
+            "validation",
+        ),
+    ],
+)
+def test_the_previous_real_configs_do_not_fit(
+    config: str, old_settings: dict[str, object], phase: str, tmp_path: Path
+) -> None:
+    settings = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl" / config).read_text())
+    for dotted, value in old_settings.items():
+        *parents, key = dotted.split(".")
+        node = settings
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if value is None:
+            node.pop(key, None)
+        else:
+            node[key] = value
+    path = tmp_path / config
+    path.write_text(yaml.safe_dump(settings))
+    result = lvrl("plan", "--config", str(path), "--architecture", "qwen2.5-vl-7b", "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["phase_totals"][phase] > 80 * 2**30
 
 
 def test_lvrl_plan_json_and_a_config_that_does_not_fit(tmp_path: Path) -> None:
