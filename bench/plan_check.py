@@ -42,6 +42,7 @@ import gc
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,7 +60,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from models.architectures import architecture_from_config  # noqa: E402
-from parallel.memory_plan import Device, RunSettings, plan_memory  # noqa: E402
+from parallel.memory_plan import Device, RunSettings, ValidationSettings, plan_memory  # noqa: E402
 
 VIDEO_TOKEN, VISION_START, VISION_END = 7, 4, 5
 MODEL_CONFIG: dict[str, Any] = {
@@ -145,7 +146,109 @@ def run_settings(world: int, sp: int, args: argparse.Namespace) -> RunSettings:
         batch_size=1,
         num_generations=args.generations,
         shared_prompt_pass=False,
+        validation=ValidationSettings(
+            batch_size=1,
+            num_frames=args.frames,
+            samples=args.val_samples,
+            max_new_tokens=args.val_new_tokens,
+            target_tokens=args.completion,
+        ),
     )
+
+
+class _BenchTokenizer:
+    """What the transformers engine asks of a tokenizer, for the bench's tokenizer-less model: the
+    vision token ids (never sampled) and stop tokens that no id matches, so that every answer runs
+    to ``max_new_tokens``."""
+
+    def get_vocab(self) -> dict[str, int]:
+        vision = {"<|video_pad|>": VIDEO_TOKEN, "<|image_pad|>": 6, "<|vision_start|>": VISION_START}
+        return {**vision, "<|vision_end|>": VISION_END}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.get_vocab().get(token, -1)
+
+    def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def validation_pass(
+    model: torch.nn.Module,
+    layout: PromptLayout,
+    pixels: torch.Tensor,
+    args: argparse.Namespace,
+    shard: Any,
+    scope: Any,
+) -> dict[str, int]:
+    """A validation as :class:`models.vlm_module.VLMModule` runs one: the policy gathered whole, the
+    video encoded over the sequence-parallel group, the greedy answer and ``--val-samples`` sampled
+    ones decoded by the transformers engine, then the model's own teacher-forced forward (pixel
+    values in) over the prompt and a ``--completion``-token target, with the targets' logits.
+    Returns the peak resident bytes of each part."""
+    from parallel.sharding import gathered
+    from rollout.base import RolloutRequest, SamplingConfig
+    from rollout.hf_engine import TransformersEngine
+
+    trace: dict[str, int] = {}
+
+    def mark(name: str) -> None:
+        trace[name] = peak_resident_bytes()
+        reset_peak()
+
+    grid = layout.video_grid_thw.reshape(1, 3)
+    reset_peak()
+    with gathered(scope) as full:
+        mark("gather")
+        (video,) = encode(full, pixels, grid, shard)
+        mark("encode")
+        engine = TransformersEngine.for_model(full, _BenchTokenizer())
+        request = RolloutRequest(layout, layout.encoded_video(video))
+        for n, temperature in ((1, 0.0), (args.val_samples, 1.0)):
+            if n:
+                engine.generate(
+                    [request],
+                    SamplingConfig(n=n, temperature=temperature, max_new_tokens=args.val_new_tokens, seed=0),
+                )
+                mark(f"decode x{n}")
+        generator = torch.Generator().manual_seed(7)
+        target = torch.randint(20, MODEL_CONFIG["vocab_size"], (args.completion,), generator=generator)
+        ids = torch.cat([layout.token_ids, target])
+        whole = PromptLayout.build(ids, VIDEO_TOKEN, PositionRule(2, 2.0), grid.reshape(3), 1.0)
+        with torch.no_grad():
+            out = full(
+                input_ids=ids[None],
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                position_ids=whole.positions.unsqueeze(1),
+                pixel_values_videos=pixels,
+                video_grid_thw=grid,
+                use_cache=False,
+                logits_to_keep=args.completion + 1,
+            )
+            logits = out.logits[:, :-1].float()
+            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+        mark("loss forward")
+    return trace
+
+
+def encode(
+    model: torch.nn.Module, pixels: torch.Tensor, grid: torch.Tensor, shard: Any
+) -> list[torch.Tensor]:
+    """The video's embeddings, encoded over the sequence-parallel group when there is one."""
+    from models.vision import encode_videos
+    from parallel.encoding import encode_videos_sequence_parallel
+
+    with torch.no_grad():
+        if shard is None:
+            return encode_videos(model, pixels, grid)
+        return encode_videos_sequence_parallel(
+            functools.partial(encode_videos, model),
+            pixels,
+            grid,
+            shard.group,
+            spatial_merge_size=2,
+            hidden_size=MODEL_CONFIG["vision_config"]["out_hidden_size"],
+            device=torch.device("cpu"),
+        )
 
 
 def shard_model(model: torch.nn.Module, param_dtype: torch.dtype) -> Any:
@@ -180,8 +283,6 @@ def grpo_step(
     returns the peak resident bytes of each part (encoding, each forward and backward, the update)."""
     from models.logprobs import completion_logprobs, input_embeddings
     from models.rl.losses import policy_loss
-    from models.vision import encode_videos
-    from parallel.encoding import encode_videos_sequence_parallel
     from parallel.prefill import sequence_parallel_completion_logprobs
     from parallel.sharding import run_sharded
 
@@ -193,19 +294,7 @@ def grpo_step(
 
     grid = layout.video_grid_thw.reshape(1, 3)
     reset_peak()
-    with torch.no_grad():
-        if shard is None:
-            video = encode_videos(model, pixels, grid)
-        else:
-            video = encode_videos_sequence_parallel(
-                functools.partial(encode_videos, model),
-                pixels,
-                grid,
-                shard.group,
-                spatial_merge_size=2,
-                hidden_size=MODEL_CONFIG["vision_config"]["out_hidden_size"],
-                device=torch.device("cpu"),
-            )
+    video = encode(model, pixels, grid, shard)
     mark("encode")
     generator = torch.Generator().manual_seed(100 + step)
     completions = [
@@ -283,7 +372,14 @@ def worker(rank: int, world: int, sp: int, args: argparse.Namespace, store: str,
         trace = grpo_step(model, optimizer, layout, pixels, args, shard, step, scope)
         peaks = {name: value - baseline for name, value in trace.items()}
         steps.append({"peak": max(peaks.values()), "trace": peaks, "seconds": time.perf_counter() - started})
-    result = {"rank": rank, "resident_after_sharding": resident_after_sharding, "steps": steps}
+    trace = validation_pass(model, layout, pixels, args, shard, scope)
+    validation = {name: value - baseline for name, value in trace.items()}
+    result = {
+        "rank": rank,
+        "resident_after_sharding": resident_after_sharding,
+        "steps": steps,
+        "validation": {"peak": max(validation.values()), "trace": validation},
+    }
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, result)
     if rank == 0:
@@ -301,6 +397,25 @@ def measure(world: int, sp: int, args: argparse.Namespace, tmp: Path) -> list[di
         start_method="spawn",
     )
     return json.loads(out.read_text())
+
+
+def _commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 def main() -> None:
@@ -323,7 +438,11 @@ def main() -> None:
     parser.add_argument("--attention", choices=["ulysses", "ring"], default="ulysses")
     parser.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--no-checkpointing", dest="checkpointing", action="store_false")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--val-samples", type=int, default=2, help="sampled validation answers")
+    parser.add_argument("--val-new-tokens", type=int, default=16, help="tokens of a validation answer")
+    parser.add_argument(
+        "--json", type=Path, help="also write the results here (with command, commit, machine)"
+    )
     args = parser.parse_args()
     arch = architecture_from_config(MODEL_CONFIG, "plan-check")
     print(
@@ -349,7 +468,9 @@ def main() -> None:
                 }
             )
             plan = plan_memory(arch, run_settings(world, sp, args), Device("cpu", 2**40))
+            step_plan = max(total for phase, total in plan.phase_totals.items() if phase != "validation")
             measured = max(step["peak"] for r in results for step in r["steps"])
+            validation = max(r["validation"]["peak"] for r in results)
             resident = max(r["resident_after_sharding"] for r in results)
             predicted_resident = sum(
                 line.bytes for line in plan.lines if line.name.startswith(("parameters", "vision tower"))
@@ -358,9 +479,12 @@ def main() -> None:
                 {
                     "world": world,
                     "sp": sp,
-                    "predicted": plan.peak,
+                    "predicted": step_plan,
                     "measured": measured,
-                    "error": plan.peak / measured - 1,
+                    "error": step_plan / measured - 1,
+                    "predicted_validation": plan.phase_totals["validation"],
+                    "measured_validation": validation,
+                    "validation_error": plan.phase_totals["validation"] / validation - 1,
                     "predicted_resident": predicted_resident,
                     "resident": resident,
                     "seconds": time.perf_counter() - started,
@@ -368,21 +492,36 @@ def main() -> None:
             )
             row = rows[-1]
             print(
-                f"{world} process(es), sequence-parallel {sp}: predicted peak {plan.peak / 2**20:7.1f} MiB, "
-                f"measured {measured / 2**20:7.1f} MiB ({row['error']:+.1%}); resident after sharding "
-                f"predicted {predicted_resident / 2**20:6.1f} MiB, measured {resident / 2**20:6.1f} MiB "
-                f"[{row['seconds']:.0f} s]",
+                f"{world} process(es), sequence-parallel {sp}: step {step_plan / 2**20:7.1f} MiB predicted, "
+                f"{measured / 2**20:7.1f} measured ({row['error']:+.1%}); validation "
+                f"{row['predicted_validation'] / 2**20:7.1f} / {validation / 2**20:7.1f} MiB "
+                f"({row['validation_error']:+.1%}); resident after sharding "
+                f"{predicted_resident / 2**20:6.1f} / {resident / 2**20:6.1f} MiB [{row['seconds']:.0f} s]",
                 flush=True,
             )
-    print("\n| processes | sequence-parallel | predicted peak | measured peak | error |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "\n| processes | sequence-parallel | step: predicted | measured | error "
+        "| validation: predicted | measured | error |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
             f"| {row['world']} | {row['sp']} | {row['predicted'] / 2**20:.1f} MiB | "
-            f"{row['measured'] / 2**20:.1f} MiB | {row['error']:+.1%} |"
+            f"{row['measured'] / 2**20:.1f} MiB | {row['error']:+.1%} | "
+            f"{row['predicted_validation'] / 2**20:.1f} MiB | {row['measured_validation'] / 2**20:.1f} MiB | "
+            f"{row['validation_error']:+.1%} |"
         )
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        summary = {
+            "command": " ".join(["python", "bench/plan_check.py", *sys.argv[1:]]),
+            "commit": _commit(),
+            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": None},
+            "date": time.strftime("%Y-%m-%d"),
+            "settings": {k: v for k, v in vars(args).items() if k != "json"},
+            "rows": rows,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
     if os.environ.get("PLAN_CHECK_TRACE"):
         print(json.dumps(traces, indent=1))
 

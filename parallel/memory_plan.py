@@ -859,9 +859,12 @@ def _validation_lines(arch: Architecture, run: RunSettings, held: int, compute: 
         + rows * text.vocab_size * (compute + 4)
     )
     loss_tokens = val.batch_size * (prompt + val.target_tokens)
-    loss = loss_tokens * (
-        decoder_layer_forward_bytes(text, compute) + text.hidden_size * compute
-    ) + val.batch_size * val.target_tokens * text.vocab_size * (compute + 2 * 4)
+    # The loss forward is the model's own (pixel values in): it encodes the batch's whole videos
+    # again, on every rank and in one pass, before its layers run.
+    whole_patches = val.batch_size * video * vision.spatial_merge_size**2
+    layers = loss_tokens * (decoder_layer_forward_bytes(text, compute) + text.hidden_size * compute)
+    logits = val.batch_size * val.target_tokens * text.vocab_size * (compute + 2 * 4)
+    loss = max(whole_patches * vision_working_bytes_per_patch(vision, vision_bytes), layers + logits)
     lines.append(
         Line(
             "validation decoding or loss forward",
@@ -869,8 +872,9 @@ def _validation_lines(arch: Architecture, run: RunSettings, held: int, compute: 
             "validation",
             f"decoding {format_gib(decoding)} ({rows} cop{'ies' if rows > 1 else 'y'} of a {prompt:,}-token "
             f"prompt prefilled, KV cache to {val.max_new_tokens:,} new tokens), loss forward "
-            f"{format_gib(loss)} ({val.batch_size} x {prompt + val.target_tokens:,} tokens, logits of "
-            f"{val.target_tokens:,} targets): the larger",
+            f"{format_gib(loss)} (the model's own: its {whole_patches:,} patches encoded again, then "
+            f"{val.batch_size} x {prompt + val.target_tokens:,} tokens, logits of {val.target_tokens:,} "
+            "targets): the larger",
         )
     )
     return lines
