@@ -92,6 +92,7 @@ MODEL_CONFIG: dict[str, Any] = {
 FRAME_SIDE = 224
 """Frames of 224 x 224 pixels: 64 merged tokens per temporal patch (two frames)."""
 TEXT_BEFORE, TEXT_AFTER = 24, 16
+CPU = torch.device("cpu")
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
@@ -112,13 +113,13 @@ def reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def prompt_layout(frames: int) -> PromptLayout:
+def prompt_layout(frames: int, vocab_size: int = MODEL_CONFIG["vocab_size"]) -> PromptLayout:
     """A prompt of text, one video of ``frames`` frames of FRAME_SIDE^2 pixels, text."""
     patch = 14
     grid = torch.tensor([frames // 2, FRAME_SIDE // patch, FRAME_SIDE // patch])
     video_tokens = int(grid.prod()) // 4
     generator = torch.Generator().manual_seed(frames)
-    ids = torch.randint(20, MODEL_CONFIG["vocab_size"], (TEXT_BEFORE + TEXT_AFTER,), generator=generator)
+    ids = torch.randint(20, vocab_size, (TEXT_BEFORE + TEXT_AFTER,), generator=generator)
     token_ids = [*ids[:TEXT_BEFORE].tolist(), VISION_START, *[VIDEO_TOKEN] * video_tokens, VISION_END]
     token_ids += ids[TEXT_BEFORE:].tolist()
     return PromptLayout.build(token_ids, VIDEO_TOKEN, PositionRule(2, 2.0), grid, 1.0)
@@ -231,7 +232,11 @@ def validation_pass(
 
 
 def encode(
-    model: torch.nn.Module, pixels: torch.Tensor, grid: torch.Tensor, shard: Any
+    model: torch.nn.Module,
+    pixels: torch.Tensor,
+    grid: torch.Tensor,
+    shard: Any,
+    device: torch.device = CPU,
 ) -> list[torch.Tensor]:
     """The video's embeddings, encoded over the sequence-parallel group when there is one."""
     from models.vision import encode_videos
@@ -246,12 +251,12 @@ def encode(
             grid,
             shard.group,
             spatial_merge_size=2,
-            hidden_size=MODEL_CONFIG["vision_config"]["out_hidden_size"],
-            device=torch.device("cpu"),
+            hidden_size=model.config.vision_config.out_hidden_size,
+            device=device,
         )
 
 
-def shard_model(model: torch.nn.Module, param_dtype: torch.dtype) -> Any:
+def shard_model(model: torch.nn.Module, param_dtype: torch.dtype, device_type: str = "cpu") -> Any:
     """lvrl's sharding (:func:`parallel.sharding.shard_model`, as the strategy applies it): a unit
     per decoder block, a root unit for the embeddings and head, the frozen vision tower whole in
     the compute dtype. Returns the root scope every forward runs in."""
@@ -261,7 +266,7 @@ def shard_model(model: torch.nn.Module, param_dtype: torch.dtype) -> Any:
     from parallel.sharding import ShardingLayout, ShardingSettings
     from parallel.sharding import shard_model as lvrl_shard_model
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
     dtype = str(param_dtype).removeprefix("torch.")
     tower = vision_tower(model)
     tower.to(param_dtype)
@@ -278,9 +283,12 @@ def grpo_step(
     shard: Any,
     step: int,
     scope: Any,
+    meter: Any = None,
+    device: torch.device = CPU,
 ) -> dict[str, int]:
     """Encode, score G completions in micro-batches with gradients, the GRPO loss, an update;
-    returns the peak resident bytes of each part (encoding, each forward and backward, the update)."""
+    returns the peak memory of each part (encoding, each forward and backward, the update): the
+    resident bytes, or what ``meter`` (``bench/gpu_check.py``'s, on a GPU) reads."""
     from models.logprobs import completion_logprobs, input_embeddings
     from models.rl.losses import policy_loss
     from parallel.prefill import sequence_parallel_completion_logprobs
@@ -288,17 +296,20 @@ def grpo_step(
 
     trace: dict[str, int] = {}
 
+    peak, reset = (meter.peak, meter.reset) if meter is not None else (peak_resident_bytes, reset_peak)
+
     def mark(name: str) -> None:
-        trace[name] = peak_resident_bytes()
-        reset_peak()
+        trace[name] = peak()
+        reset()
 
     grid = layout.video_grid_thw.reshape(1, 3)
-    reset_peak()
-    video = encode(model, pixels, grid, shard)
+    reset()
+    video = encode(model, pixels, grid, shard, device)
     mark("encode")
     generator = torch.Generator().manual_seed(100 + step)
+    vocab_size = model.config.text_config.vocab_size
     completions = [
-        torch.randint(20, MODEL_CONFIG["vocab_size"], (args.completion,), generator=generator).tolist()
+        torch.randint(20, vocab_size, (args.completion,), generator=generator).tolist()
         for _ in range(args.generations)
     ]
     batch = ScoringBatch.from_layouts(
@@ -308,8 +319,8 @@ def grpo_step(
         pad_token_id=0,
         length_multiple=shard.size if shard is not None else 1,
     )
-    advantages = torch.randn(args.generations, generator=generator)
-    old = torch.full(batch.completion_mask.shape, -10.0)
+    advantages = torch.randn(args.generations, generator=generator).to(device)
+    old = torch.full(batch.completion_mask.shape, -10.0, device=device)
     tokens = float(batch.completion_mask.sum())
     total = 0.0
     for start in range(0, args.generations, args.micro_batch_rows):
@@ -319,12 +330,16 @@ def grpo_step(
         def score(chunk: ScoringBatch = chunk) -> torch.Tensor:
             if shard is None:
                 return completion_logprobs(model, chunk, video, share_prompts=False)
-            embeddings = input_embeddings(model, chunk, video, torch.device("cpu"))
+            embeddings = input_embeddings(model, chunk, video, device)
             return sequence_parallel_completion_logprobs(model, chunk, embeddings, shard)
 
         logprobs = run_sharded(scope, score)
         loss, _ = policy_loss(
-            logprobs, old[rows], advantages[rows], chunk.completion_mask, token_count_normalizer=tokens
+            logprobs,
+            old[rows],
+            advantages[rows],
+            chunk.completion_mask.to(device),
+            token_count_normalizer=tokens,
         )
         mark(f"forward {start}")
         loss.backward()

@@ -87,15 +87,30 @@ most: a byte-level BPE tokenizer (Qwen's) writes no more tokens than the text ha
 (a special token such as ``<|im_start|>`` is one), and the longest served reply has fewer (a
 test keeps it so)."""
 
-Phase = Literal["always", "rollout", "sync", "head", "layers", "validation", "training", "engine", "between"]
-"""When a line is held: always; in one phase; ``training``: in both backward moments (``head``:
-backward through the output head, the logits' gradients alive; ``layers``: backward through a
-decoder block, its working set alive); ``engine``: whenever vLLM is awake (rollout and sync);
+Phase = Literal[
+    "always",
+    "rollout",
+    "sync",
+    "head",
+    "layers",
+    "end",
+    "validation",
+    "training",
+    "backward",
+    "engine",
+    "between",
+]
+"""When a line is held: always; in one phase; ``training``: while backward runs through the head
+and the blocks (``head``: through the output head, the logits' gradients alive; ``layers``:
+through a decoder block, its working set alive), ``backward``: those and ``end`` (backward done,
+the activations gone, the root unit's gradient reducing);
+``engine``: whenever vLLM is awake (rollout and sync);
 ``between``: from a step's weight sync to the next rollout (the sync, a validation), when a
 sleeping vLLM has its weights back and its KV cache not yet."""
-PHASES = ("rollout", "sync", "head", "layers", "validation")
+PHASES = ("rollout", "sync", "head", "layers", "end", "validation")
 HELD_IN: dict[str, frozenset[str]] = {
     "training": frozenset({"head", "layers"}),
+    "backward": frozenset({"head", "layers", "end"}),
     "engine": frozenset({"rollout", "sync"}),
     "between": frozenset({"sync", "validation"}),
 }
@@ -554,10 +569,12 @@ def decoder_layer_saved_bytes(text: TextModel, compute_bytes: int, run: RunSetti
 
 
 def decoder_layer_backward_bytes(text: TextModel, compute_bytes: int) -> int:
-    """Per token, the gradients alive at once in one layer's backward: the MLP's three
-    intermediate-sized gradients and two hidden-sized ones (an allowance checked by
-    ``bench/plan_check.py``, not derived)."""
-    return compute_bytes * (3 * text.intermediate_size + 2 * text.hidden_size)
+    """Per token, the gradients alive at once in one layer's backward beside its saved tensors:
+    two intermediate-sized ones (the MLP's). Measured: one decoder layer of ``bench/plan_check.py``'s
+    model (hidden 512, intermediate 1,536, float32) forward and backward at 2,048 and 4,244 tokens
+    peaked 108.0 and 223.8 MiB above its input, its saved tensors and this giving 108.1 and 223.9
+    (the earlier allowance, three intermediate- and two hidden-sized, planned 128.1 and 265.4)."""
+    return compute_bytes * 2 * text.intermediate_size
 
 
 RING_SCORE_CHUNKS = 2
@@ -570,14 +587,17 @@ chunks were reused in place (``bench/results/ring_memory/``)."""
 
 def ring_transient_bytes(text: TextModel, run: RunSettings, rows: int, layer_tokens: int) -> int:
     """Ring attention's working set in one layer: float32 copies of queries, keys, values and
-    output, the key/value block in flight, and :data:`RING_SCORE_CHUNKS` score chunks of
-    ``RING_QUERY_CHUNK`` queries against a whole block, per head and row."""
+    output, the key/value block in flight, and :data:`RING_SCORE_CHUNKS` score chunks of the
+    largest product a rank computes, per head and row. In the zigzag layout (``parallel.ring``)
+    that is up to ``RING_QUERY_CHUNK`` of its positions against half a block (a block wholly in
+    its past) or its second half against a whole block (one wholly between its two halves)."""
     if run.sequence_parallel_size == 1 or run.sequence_parallel_attention != "ring":
         return 0
     per_row = layer_tokens // max(rows, 1)
-    chunk = min(RING_QUERY_CHUNK, per_row)
+    half = per_row // 2
+    entries = max(min(RING_QUERY_CHUNK, per_row) * half, min(RING_QUERY_CHUNK, half) * per_row)
     copies = 4 * 6 * text.q_dim * layer_tokens
-    scores = RING_SCORE_CHUNKS * 4 * rows * text.num_heads * chunk * per_row
+    scores = RING_SCORE_CHUNKS * 4 * rows * text.num_heads * entries
     return copies + scores
 
 
@@ -896,12 +916,12 @@ def _training_lines(
         Line(
             "gradients (master dtype)",
             on_gpu * trainable * master / shard,
-            "training",
+            "backward",
             "sharded like the parameters" + (", on the host" if run.cpu_offload else ""),
         )
     ]
     if run.sharding == "replicated":
-        lines.append(Line("gradient reduction buffer", trainable * master, "training", "a flat copy (DDP)"))
+        lines.append(Line("gradient reduction buffer", trainable * master, "backward", "a flat copy (DDP)"))
     else:
         # lvrl's layout (parallel.sharding): one unit per decoder block and a root unit holding
         # the embeddings and the head, gathered from the step's forward to the end of its
@@ -922,19 +942,23 @@ def _training_lines(
                 "prefetched, the head's gradient",
             )
         )
-        # When backward ends the root reduces: its parameters, its whole gradient (embeddings
-        # and head) and that gradient's reduce-scatter input are alive at once; the larger of the
-        # two moments counts.
-        through_blocks = (root + head + 3 * block) * compute + block * reduce
-        at_the_end = root * (2 * compute + reduce) + block * reduce
         lines.append(
             Line(
                 "FSDP2 buffers at a block",
-                max(through_blocks, at_the_end),
+                (root + head + 3 * block) * compute + block * reduce,
                 "layers",
                 f"the root still gathered and the head's gradient held; block ({block / 1e6:.0f}M) gathered "
-                "+ next prefetched, its gradient, the previous block's reduce-scatter input (or, when "
-                "backward ends, the root's whole gradient and its reduce-scatter input)",
+                "+ next prefetched, its gradient, the previous block's reduce-scatter input",
+            )
+        )
+        # When backward ends the root reduces: its parameters, its whole gradient (embeddings and
+        # head) and that gradient's reduce-scatter input are alive at once, every activation gone.
+        lines.append(
+            Line(
+                "FSDP2 buffers as backward ends",
+                root * (2 * compute + reduce) + block * reduce,
+                "end",
+                "the root's parameters, its whole gradient and its reduce-scatter input",
             )
         )
     t = tokens.layer_tokens

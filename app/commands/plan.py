@@ -165,6 +165,7 @@ def _titles(plan: MemoryPlan) -> dict[str, str]:
         "sync": "weight sync",
         "head": "train: head",
         "layers": "train: blocks",
+        "end": "train: end",
         "validation": "validation",
     }
 
