@@ -89,7 +89,9 @@ def main() -> None:
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
     summary = {
         "command": " ".join(["python", "bench/plan_configs.py", *sys.argv[1:]]),
         "commit": head + ("+changes" if dirty.strip() else ""),

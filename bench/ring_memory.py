@@ -102,7 +102,7 @@ def _commit() -> str:
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         )
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "parallel"], cwd=root, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
