@@ -26,6 +26,14 @@ LOG_RATIO_LIMIT = 20.0
 """Log-ratios are clamped to [-20, 20] before ``exp`` (as verl does) so a stale or broken
 log-prob cannot overflow float32; the gradient through a clamped log-ratio is 0."""
 
+GSPO_LOG_RATIO_MAX = 10.0
+"""GSPO's sequence log-ratio is capped at 10 (as verl's ``gspo`` loss does), on the value and the
+gradient alike: the gradient of a row is ``s_i * A_i`` times its mean token gradient, so a row
+whose likelihood grew a lot (log s = 12: s = 1.6e5) with a negative advantage escapes the clip
+(the clip only caps ratios on the side where the advantage gains) and would push its tokens down
+with an unbounded weight. At the cap, a row's loss and gradient weight are at most e^10 |A_i|
+(22,026 |A_i|); ``dual_clip`` bounds them further (c |A_i|, gradient 0)."""
+
 K3_LIMIT = 10.0
 """The k3 estimate is clamped to [-10, 10] (as verl's ``low_var_kl``): k3 >= 0 in exact math,
 and the cap bounds the penalty (and zeroes its gradient) on tokens far from the reference."""
@@ -184,7 +192,9 @@ def policy_loss(
     weighs sequence i by its length instead); per-token advantages then weigh each token's
     gradient by its own A_it, which the sequence form cannot express. GSPO's
     clip ranges are far smaller than the token-level ones (the paper uses 3e-4 / 4e-4): set
-    ``clip_low`` / ``clip_high`` accordingly, the defaults are token-level values.
+    ``clip_low`` / ``clip_high`` accordingly, the defaults are token-level values. log s_i is
+    capped at :data:`GSPO_LOG_RATIO_MAX` (10), which bounds a negative-advantage row's loss and
+    gradient weight at e^10 |A_i|.
 
     Rollout correction (:mod:`models.rl.correction`): ``token_weights`` ``(batch, max_len)``
     multiplies each token's surrogate loss after clipping (L_t <- w_t * L_t), as constants (no
@@ -239,7 +249,7 @@ def policy_loss(
         ratio = token_log_ratio.exp()
     else:
         seq_log_ratio = (logprobs - old_logprobs).sum(dim=-1) / valid.sum(dim=-1).clamp(min=1)
-        seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        seq_log_ratio = seq_log_ratio.clamp(-LOG_RATIO_LIMIT, GSPO_LOG_RATIO_MAX)
         # (lp - sg(lp)) is exactly 0 in value, so adding s_i after it keeps s_i exact and the
         # ratio's value is exp(s_i) to the last bit; summing s_i + lp first (as a one-line
         # transcription would) rounds s_i to the ulp of lp, which can be far coarser.

@@ -614,3 +614,26 @@ def test_gspo_gradient_is_the_sequence_ratio_over_length():
             assert_float32_close(
                 lp.grad, expected, ulps=2 * n + 12, scale=scale, reason="GSPO gradient vs float64"
             )
+
+
+def test_gspo_bounds_a_negative_advantage_row_with_a_large_sequence_ratio():
+    # One row of two tokens, log-ratios 12 each: log s = 12, above the cap of 10. With A = -1 the
+    # clip does not act (it caps ratios on the side where the advantage gains), so without the cap
+    # the loss would be e^12 = 162,755 and each token's gradient e^12 / 2.
+    from models.rl.losses import GSPO_LOG_RATIO_MAX
+
+    old = torch.tensor([[-20.0, -20.0]])
+    logprobs = (old + 12.0).requires_grad_()
+    gspo = {"ratio_level": "sequence", "aggregation": "seq_mean_token_mean"}
+    loss, stats = policy_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), **gspo)
+    loss.backward()
+    capped = math.exp(GSPO_LOG_RATIO_MAX)  # 22,026.47
+    close(loss.item(), capped)  # -A * s at the cap, mean over 1 sequence of 2 tokens' equal losses
+    close(stats["ratio_mean"], capped)
+    close(logprobs.grad, [[capped / 2, capped / 2]])  # -A * s / n_i per token
+    # With a dual clip of 3 the loss is capped at -c * A = 3, and its gradient is 0.
+    logprobs.grad = None
+    loss, _ = policy_loss(logprobs, old, torch.tensor([-1.0]), torch.ones(1, 2), dual_clip=3.0, **gspo)
+    loss.backward()
+    close(loss.item(), 3.0)
+    close(logprobs.grad, [[0.0, 0.0]])
