@@ -13,11 +13,13 @@ followed) and must stay inside the resolved root: an absolute path elsewhere, a 
 climbs out (both refused by the name, so nothing outside is looked up) or a symlink that points
 out is ``outside_root``, unless ``allow_outside_root``; an absolute path inside the root is fine.
 Only a regular file counts (a folder, a FIFO or a device is ``missing_video``: opening a FIFO
-would block the build).
+would block the build). A name with no file is matched case-insensitively over the video
+extensions (:func:`video_otherwise_named`: ``abc.mp4`` finds ``abc.MP4`` or ``abc.mkv``).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -50,6 +52,40 @@ def sample_key(problem_id: str) -> str:
     readable = _KEY_UNSAFE.sub("_", problem_id)[:KEY_PREFIX_CHARS] or "_"
     digest = hashlib.sha256(problem_id.encode("utf-8", "surrogatepass")).hexdigest()[:KEY_HASH_HEX]
     return f"{readable}-{digest}"
+
+
+def video_otherwise_named(path: Path) -> Path | None:
+    """The one regular file beside ``path`` named like it but for the case of its letters or its
+    video extension (Video-MME's videos come as ``.mp4``, ``.MP4`` and ``.mkv``, which lmms-eval
+    accepts); None when there is none, or more than one (which is meant is not known)."""
+    stem = path.stem.casefold()
+    try:
+        names = _folder_names(str(path.parent), path.parent.stat().st_mtime_ns)
+    except OSError:
+        return None
+    matches = [
+        name
+        for name in names.get(stem, ())
+        if Path(name).suffix.lower().lstrip(".") in VIDEO_EXTENSIONS and _is_regular_file(path.parent / name)
+    ]
+    return path.parent / matches[0] if len(matches) == 1 else None
+
+
+def _is_regular_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:  # a symlink loop, a name too long, gone meanwhile
+        return False
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_names(folder: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
+    """A folder's file names by case-folded stem, listed once per folder and modification time
+    (a build asks for thousands of videos in one folder)."""
+    names: dict[str, list[str]] = {}
+    for name in os.listdir(folder):
+        names.setdefault(Path(name).stem.casefold(), []).append(name)
+    return {stem: tuple(sorted(found)) for stem, found in names.items()}
 
 
 def _leaves_by_name(videos_root: Path, name: str) -> bool:
@@ -85,12 +121,16 @@ def locate_video(videos_root: Path, name: str, *, allow_outside_root: bool, max_
     try:
         info = path.stat()
     except OSError as err:  # absent, a symlink loop, a name too long, no permission
-        raise RowRejected(MISSING_VIDEO, f"no file {shown} under the videos root ({err.strerror})") from err
+        found = video_otherwise_named(path) if isinstance(err, FileNotFoundError) else None
+        if found is None:
+            message = f"no file {shown} under the videos root ({err.strerror})"
+            raise RowRejected(MISSING_VIDEO, message) from err
+        path, info = found, found.stat()
     if not stat.S_ISREG(info.st_mode):
         raise RowRejected(MISSING_VIDEO, f"{shown} is not a regular file")
-    extension = Path(name).suffix.lower().lstrip(".")
+    extension = path.suffix.lower().lstrip(".")
     if extension not in VIDEO_EXTENSIONS:
-        message = f"{Path(name).name[:200]}: not one of {', '.join(VIDEO_EXTENSIONS)}"
+        message = f"{path.name[:200]}: not one of {', '.join(VIDEO_EXTENSIONS)}"
         raise RowRejected(UNSUPPORTED_CONTAINER, message)
     if info.st_size > max_bytes:
         raise RowRejected(VIDEO_TOO_LARGE, f"{shown} has {info.st_size:,} bytes; at most {max_bytes:,}")

@@ -6,8 +6,9 @@ may carry its options inside ``problem``, one per line (``A. red``, ``(B) blue``
 or inline (``... Options: (A) red (B) blue``); they are split out into ``options``, so every
 prompt lists them the same way. A row that cannot become a usable sample raises
 :class:`RowRejected` with a reason code (the ``lvrl data build`` rejects file counts them).
-Every field is type-checked (nothing is converted: a number, list or null where a string
-belongs is ``malformed``), and the texts are bounded by :class:`TextLimits` (``too_long``).
+Every field is type-checked (nothing is converted but an integer ``problem_id``, taken as its
+decimal text: a number, list or null where a string belongs is ``malformed``), a one-letter
+answer is read in either case, and the texts are bounded by :class:`TextLimits` (``too_long``).
 """
 
 from __future__ import annotations
@@ -202,6 +203,18 @@ def _field(obj: dict[str, Any], name: str) -> str:
     return value.strip()
 
 
+def _identifier(value: Any) -> str:
+    """A row's ``problem_id``: a non-empty string, or an integer as its decimal text (NVlabs'
+    LongVideo-Reason generation script writes integers); anything else is ``malformed``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str) or not value.strip():
+        raise RowRejected(
+            MALFORMED, f"field 'problem_id' must be a non-empty string or an integer, got {kind_of(value)}"
+        )
+    return value.strip()
+
+
 def _given_options(obj: dict[str, Any]) -> tuple[str, ...] | None:
     """The ``options`` list of a row, or ``None`` when there is none (absent, null or empty)."""
     given = obj.get("options")
@@ -242,7 +255,7 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
     limits = limits or TextLimits()
     if not isinstance(obj, dict):
         raise RowRejected(MALFORMED, f"a row must be a JSON object, got {kind_of(obj)}")
-    problem_id = _field(obj, "problem_id")
+    problem_id = _identifier(obj.get("problem_id"))
     video = _field(obj, "videos")
     problem = _field(obj, "problem")
     problem_type = _field(obj, "problem_type").lower()
@@ -286,6 +299,8 @@ def normalise_released_row(obj: Any, limits: TextLimits | None = None) -> QARow:
                 NO_OPTIONS, "multiple-choice question with no options in 'problem' or 'options'"
             )
         answer = answer.rstrip(".").strip("()[] ")
+        if len(answer) == 1 and answer.upper() in OPTION_LETTERS[: len(options)]:
+            answer = answer.upper()  # "b" is B
         if answer not in OPTION_LETTERS[: len(options)]:
             letters = ", ".join(OPTION_LETTERS[: len(options)])
             raise RowRejected(

@@ -212,29 +212,19 @@ def _checked_rows(settings: BuildSettings) -> Iterator[tuple[int, QARow | Reject
 def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate | Reject]:
     """Every row from line ``from_line`` on as a :class:`Candidate` or a :class:`Reject`, in file order.
 
-    Earlier lines go through the same text checks, only for their ids and keys: a later
-    repeat is still a duplicate after a resumption, and nothing of theirs is looked up on disk.
+    A repeated id is not decided here: the first row of an id that is *written* keeps it
+    (:class:`WrittenKeys`), so a good row is not lost to an earlier one with the same id that
+    was rejected (its video missing, say).
     """
     videos_root = settings.videos_root.resolve()
-    claimed: dict[str, tuple[int, str]] = {}  # shard key -> (line, problem id) of its first row
-    unit = "line" if settings.source_format == LONGVIDEO_REASON else "record"
     for number, outcome in _checked_rows(settings):
-        if isinstance(outcome, QARow):
-            key = sample_key(outcome.problem_id)
-            first_line, first_id = claimed.setdefault(key, (number, outcome.problem_id))
-            if first_line != number:
-                message = (
-                    f"problem_id also on {unit} {first_line}"
-                    if first_id == outcome.problem_id
-                    else f"shard key {key} also belongs to the id on {unit} {first_line}"
-                )
-                outcome = Reject.of(number, DUPLICATE_ID, message, outcome.problem_id, outcome.video)
         if number < from_line:  # already in a shard or the rejects file
             continue
         if isinstance(outcome, Reject):
             yield outcome
             continue
         row = outcome
+        key = sample_key(row.problem_id)
         try:
             path = locate_video(
                 videos_root,
@@ -245,7 +235,7 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
         except RowRejected as err:
             yield Reject.of(number, err.reason, str(err), row.problem_id, row.video)
             continue
-        extension = Path(row.video).suffix.lower().lstrip(".")
+        extension = path.suffix.lower().lstrip(".")  # the file found (its name may differ in case)
         yield Candidate(number, row, key, path, extension, settings.probe_frames, settings.max_video_seconds)
 
 
@@ -302,6 +292,38 @@ def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
         if isinstance(record, dict) and isinstance(record.get("line"), int):
             records.append((text, record))
     return records
+
+
+class WrittenKeys:
+    """The shard keys written so far (read back from the finished shards on a resumption): a row
+    whose key is taken is a ``duplicate_id``, however its own checks went."""
+
+    def __init__(self, shards: list[Path], unit: str) -> None:
+        self.unit = unit
+        self.first: dict[str, tuple[int, str]] = {}  # key -> (line, problem id) of its written row
+        for shard in shards:
+            with tarfile.open(shard) as tar:
+                for member in tar:
+                    if member.name.endswith(".json") and (handle := tar.extractfile(member)) is not None:
+                        row = json.loads(handle.read())
+                        self.first[member.name.removesuffix(".json")] = (
+                            int(row["source_line"]),
+                            str(row["problem_id"]),
+                        )
+
+    def claim(self, candidate: Candidate) -> Reject | None:
+        """None if ``candidate`` may be written (its key is now taken), else its rejection."""
+        key, row = candidate.key, candidate.row
+        if key not in self.first:
+            self.first[key] = (candidate.line, row.problem_id)
+            return None
+        first_line, first_id = self.first[key]
+        message = (
+            f"problem_id also on {self.unit} {first_line}"
+            if first_id == row.problem_id
+            else f"shard key {key} also belongs to the id on {self.unit} {first_line}"
+        )
+        return Reject.of(candidate.line, DUPLICATE_ID, message, row.problem_id, row.video)
 
 
 class _BuildState:
@@ -461,6 +483,8 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
         enabled=progress,
     )
     counts = Counter[str]()
+    unit = "line" if settings.source_format == LONGVIDEO_REASON else "record"
+    written = WrittenKeys([settings.out / name for name in state.shards], unit)
     writer = ShardWriter(
         settings.out,
         settings.split,
@@ -473,6 +497,9 @@ def _convert(settings: BuildSettings, state: _BuildState, progress: bool) -> Non
         for outcome in _outcomes(settings, items):
             if isinstance(outcome, Reject):
                 pending.append(outcome)
+                counts["rejected"] += 1
+            elif (duplicate := written.claim(outcome.candidate)) is not None:
+                pending.append(duplicate)
                 counts["rejected"] += 1
             else:
                 candidate = outcome.candidate

@@ -275,3 +275,45 @@ def test_build_refuses_bad_arguments_clearly(released, tmp_path):
         "lots",
     )
     assert "not a size like 1GB" in done.stderr
+
+
+def test_released_rows_as_their_generators_write_them(tmp_path):
+    # NVlabs' LongVideo-Reason generation script writes integer ids; answers come in lower case;
+    # a video named .mp4 in the row may sit on disk as .MP4 or .mkv (Video-MME's, which lmms-eval
+    # accepts). An id whose first line was rejected (its video missing) keeps its good row: the first
+    # *written* row of an id holds it, and a later repeat of that one is the duplicate.
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    (videos / "upper.MP4").write_bytes(_video(20, 0, "mp4"))
+    (videos / "other.mkv").write_bytes(_video(20, 40, "mkv"))
+    (videos / "a.mp4").write_bytes(_video(20, 80, "mp4"))
+    question = "Which colour?\nA. red\nB. blue\nC. green\nD. yellow"
+    rows = [
+        _row(7, "a.mp4", question, "<answer>b</answer>"),  # 1: written as id "7", answer B
+        _row("twice", "absent.mp4", question, "<answer>A</answer>"),  # 2: missing_video
+        _row("twice", "a.mp4", question, "<answer>C</answer>"),  # 3: written: its id's first written row
+        _row("twice", "a.mp4", question, "<answer>D</answer>"),  # 4: duplicate of line 3
+        _row("upper", "upper.mp4", question, "<answer>(d)</answer>"),  # 5: finds upper.MP4
+        _row("other", "other.mp4", question, "<answer>A</answer>"),  # 6: finds other.mkv
+    ]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    out = tmp_path / "shards"
+    report = build_shards(BuildSettings(jsonl, videos, out), progress=False)
+    assert report.written == 4 and report.rejected == {"missing_video": 1, "duplicate_id": 1}
+    rejects = [json.loads(line) for line in (out / "train-rejects.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in rejects] == [(2, "missing_video"), (4, "duplicate_id")]
+    assert rejects[1]["message"] == "problem_id also on line 3"
+    written = {
+        sample.row.problem_id: (sample.row.answer, sample.row.extra.get("source_line"), sample.video_bytes)
+        for sample in VideoQAStream(
+            resolve_shards(str(out / "train-*.tar")), num_frames=4, max_pixels=56 * 56, keep_video_bytes=True
+        )
+    }
+    assert {pid: (answer, line) for pid, (answer, line, _) in written.items()} == {
+        "7": ("B", 1),
+        "twice": ("C", 3),
+        "upper": ("D", 5),
+        "other": ("A", 6),
+    }
+    assert written["other"][2] == (videos / "other.mkv").read_bytes()

@@ -89,7 +89,7 @@ def _lvbench(root: Path) -> tuple[Path, Path]:
     lines = (FIXTURES / "lvbench_video_info.meta.jsonl").read_text(encoding="utf-8").splitlines()
     video = json.loads(lines[1])
     lines += [
-        json.dumps({**video, "key": "../outside"}),  # its one question (uid 140 again) is a duplicate first
+        json.dumps(video),  # record 3's video and question again: a duplicate of a written row
         json.dumps({**video, "key": "../outside", "qa": [{**video["qa"][0], "uid": 141}]}),
         "{broken",
         json.dumps({**video, "key": "absent", "qa": [{**video["qa"][0], "uid": "142"}]}),

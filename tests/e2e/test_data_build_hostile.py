@@ -204,7 +204,9 @@ def _hostile_table(root: Path, outside: Path) -> list[tuple[bytes, str | None]]:
         (b'"a row"', "malformed"),
         (b"null", "malformed"),
         (b"17", "malformed"),
-        (_line(_row(3)), "malformed"),
+        (_line(_row(3)), SHARD),  # an integer id, as NVlabs' generation script writes it: "3"
+        (_line(_row(True)), "malformed"),  # a boolean is no id
+        (_line(_row(3.5)), "malformed"),
         (_line(_row(["list-id"])), "malformed"),
         (_line(_row("dict-video", {"path": "a.mp4"})), "malformed"),
         (_good("null-problem", problem=None), "malformed"),
