@@ -3,9 +3,10 @@
 The benchmarks publish their annotations either as JSONL (one entry per line) or as one JSON
 list of entries. :func:`file_layout` tells them apart by the first byte that is not JSON
 whitespace (after a UTF-8 byte-order mark): ``[`` starts a JSON list, anything else is JSONL
-(read as :mod:`datatools.jsonl_rows` reads the released rows). A Parquet file (magic ``PAR1``)
-is refused with a way to convert it: reading Parquet needs ``pyarrow``, which lvrl does not
-depend on.
+(read as :mod:`datatools.jsonl_rows` reads the released rows). A Parquet file (magic ``PAR1``:
+Video-MME's ``videomme/test-00000-of-00001.parquet``, LongVideoBench's
+``validation-00000-of-00001.parquet``) is read with ``pyarrow``, one entry per table row, a row
+group at a time (:data:`PARQUET`).
 
 A JSON list is parsed whole (at most :data:`MAX_DOCUMENT_BYTES`), but judged entry by entry
 with the rules a JSONL line is judged by: what a strict reading would refuse (``NaN``, a key
@@ -30,6 +31,7 @@ from datatools.released import MALFORMED, NOT_UTF8, TOO_LONG, RowRejected
 
 JSON_LIST = "json_list"
 JSONL = "jsonl"
+PARQUET = "parquet"
 MAX_DOCUMENT_BYTES = 256 * 2**20
 """Largest JSON-list file read (the published ones are a few MB; parsing holds it all in memory)."""
 _SNIFF_BYTES = 1 << 16
@@ -96,17 +98,34 @@ def _int(text: str) -> int | _Flaw:
 
 
 def file_layout(path: Path) -> str:
-    """:data:`JSON_LIST` or :data:`JSONL` by the first bytes; :class:`AnnotationFileError` for Parquet."""
+    """:data:`PARQUET`, :data:`JSON_LIST` or :data:`JSONL`, by the first bytes."""
     with path.open("rb") as handle:
         head = handle.read(_SNIFF_BYTES)
     if head.startswith(_PARQUET_MAGIC):
-        raise AnnotationFileError(
-            f"{path} is a Parquet file, and reading Parquet needs pyarrow, which lvrl does not install; "
-            'convert it to JSON where pandas is installed: python -c "import pandas as pd; '
-            f"pd.read_parquet('{path.name}').to_json('{path.stem}.json', orient='records')\""
-        )
+        return PARQUET
     start = head.removeprefix(BOM).lstrip(_WHITESPACE)
     return JSON_LIST if start.startswith(b"[") else JSONL
+
+
+def _parquet_entries(path: Path, max_entry_bytes: int) -> Iterator[Entry]:
+    """One entry per row of a Parquet table, numbered from 1, judged like a JSON list's entries."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise AnnotationFileError(f"{path} starts like Parquet but cannot be read: {str(err)[:200]}") from err
+    number = 0
+    for group in range(table.num_row_groups):
+        try:
+            rows = table.read_row_group(group).to_pylist()
+        except (pa.ArrowException, OSError) as err:
+            raise AnnotationFileError(f"{path}: row group {group} cannot be read: {str(err)[:200]}") from err
+        for value in rows:
+            number += 1
+            problem = _entry_problem(value, False, max_entry_bytes)
+            yield Entry(number, None if problem else value, problem, in_list=True)
 
 
 def _entry_problem(value: Any, has_bad_bytes: bool, max_bytes: int) -> RowRejected | None:
@@ -167,12 +186,16 @@ def _list_entries(path: Path, max_entry_bytes: int) -> Iterator[Entry]:
 
 
 def read_entries(path: Path, max_entry_bytes: int) -> Iterator[Entry]:
-    """Every entry of a JSONL file or a JSON list, in file order, each decoded or rejected.
+    """Every entry of a JSONL file, a JSON list or a Parquet table, in order, each decoded or rejected.
 
-    Raises :class:`AnnotationFileError` (before yielding anything) only for a file that cannot be
-    read as entries at all: Parquet, a JSON list that does not parse or is too large.
+    Raises :class:`AnnotationFileError` only for a file that cannot be read as entries at all: a
+    JSON list that does not parse or is too large, a Parquet file pyarrow cannot read.
     """
-    if file_layout(path) == JSON_LIST:
+    layout = file_layout(path)
+    if layout == PARQUET:
+        yield from _parquet_entries(path, max_entry_bytes)
+        return
+    if layout == JSON_LIST:
         yield from _list_entries(path, max_entry_bytes)
         return
     for line in read_lines(path, max_entry_bytes):

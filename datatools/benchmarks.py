@@ -1,15 +1,16 @@
 """The published annotations of four long-video benchmarks as normalised multiple-choice :class:`QARow` s.
 
-``lvrl data build --format F`` reads one annotation file of benchmark ``F`` (a JSON list or
-JSONL: :mod:`datatools.annotation_files`); every question becomes a row like a converted
+``lvrl data build --format F`` reads one annotation file of benchmark ``F`` (Parquet, a JSON
+list or JSONL: :mod:`datatools.annotation_files`); every question becomes a row like a converted
 LongVideo-Reason one, or a named rejection. What each format reads, as its authors publish it:
 
-- ``videomme`` (lmms-lab/Video-MME ``videomme/test-00000-of-00001.parquet``, as JSON or JSONL
-  of its rows): ``question_id``, ``videoID`` (the video is ``<videoID>.mp4``), ``question``,
-  ``options`` (``["A. ...", "B. ...", ...]``; the letters are stripped), ``answer`` (a letter),
-  ``task_type``.
-- ``longvideobench`` (``lvb_val.json``, a JSON list): ``id``, ``video_path``, ``question``,
-  ``candidates``, ``correct_choice`` (0-based index), ``question_category``.
+- ``videomme`` (lmms-lab/Video-MME ``videomme/test-00000-of-00001.parquet``, or its rows as JSON
+  or JSONL): ``question_id``, ``videoID`` (the video is ``<videoID>.mp4``, or ``.MP4`` / ``.mkv``:
+  :func:`datatools.ingest.video_otherwise_named`), ``question``, ``options`` (``["A. ...",
+  "B. ...", ...]``; the letters are stripped), ``answer`` (a letter), ``task_type``.
+- ``longvideobench`` (``lvb_val.json``, a JSON list, or ``validation-00000-of-00001.parquet``):
+  ``id``, ``video_path``, ``question``, ``candidates`` (in the Parquet file ``option0`` ..
+  ``option4``, padded with ``"N/A"``), ``correct_choice`` (0-based index), ``question_category``.
 - ``mlvu`` (MLVU-Dev ``json/<n>_<task>.json``, a JSON list per task): ``video``, ``question``,
   ``candidates``, ``answer`` (the *text* of the right candidate, which must match exactly one),
   ``question_type``. The entries carry no id: the row's id is
@@ -220,13 +221,30 @@ def normalise_videomme(entry: Any, limits: TextLimits) -> QARow:
     )
 
 
+PADDED_OPTIONS = tuple(f"option{i}" for i in range(5))
+"""LongVideoBench's Parquet layout: the candidates as five columns, padded with ``"N/A"``."""
+NOT_AN_OPTION = "N/A"
+
+
+def _padded_candidates(obj: dict[str, Any]) -> tuple[str, ...]:
+    """The candidates of a Parquet row: ``option0`` on, up to the first ``"N/A"`` (as lmms-eval
+    reads them); a real candidate after a padding one is ``malformed`` (which letter is which?)."""
+    values = [obj.get(name) for name in PADDED_OPTIONS]
+    count = next((i for i, value in enumerate(values) if value == NOT_AN_OPTION), len(values))
+    if any(value not in (NOT_AN_OPTION, None) for value in values[count:]):
+        raise RowRejected(MALFORMED, f"a candidate follows the '{NOT_AN_OPTION}' padding of option{count}")
+    return _candidates({"candidates": values[:count]}, "candidates")
+
+
 def normalise_longvideobench(entry: Any, limits: TextLimits) -> QARow:
-    """The row of one LongVideoBench question (an entry of ``lvb_val.json``)."""
+    """The row of one LongVideoBench question: an entry of ``lvb_val.json`` (``candidates``), or a
+    row of ``validation-00000-of-00001.parquet`` (``option0`` .. ``option4``, padded with "N/A")."""
     obj = _object(entry, "an entry")
     problem_id = _text(obj, "id")
     video = _text(obj, "video_path")
     question = _text(obj, "question")
-    options = _candidates(obj, "candidates")
+    padded = "candidates" not in obj and PADDED_OPTIONS[0] in obj
+    options = _padded_candidates(obj) if padded else _candidates(obj, "candidates")
     choice = obj.get("correct_choice")
     if choice is None:  # e.g. lvb_test_wo_gt.json, which publishes no answers
         raise RowRejected(NO_ANSWER, "no 'correct_choice'")
@@ -239,6 +257,7 @@ def normalise_longvideobench(entry: Any, limits: TextLimits) -> QARow:
         raise RowRejected(ANSWER_NOT_AN_OPTION, message)
     label = _label(obj, "question_category")
     used = {"id", "video_path", "question", "candidates", "correct_choice", "question_category"}
+    used |= set(PADDED_OPTIONS) if padded else set()
     return _row(
         LONGVIDEOBENCH,
         problem_id=problem_id,

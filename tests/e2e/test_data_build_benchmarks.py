@@ -230,3 +230,45 @@ def test_a_file_that_is_not_annotations_is_one_line_and_exit_2(tmp_path):
     assert "Traceback" not in failed.stderr
     failed = run_lvrl_expecting_failure(*common, "--format", "kinetics", "--annotations", str(broken))
     assert failed.returncode == 2 and "invalid choice: 'kinetics'" in failed.stderr
+
+
+def _as_parquet(json_path: Path, benchmark: str) -> Path:
+    """The JSON list's entries as the benchmark's Parquet file: Video-MME's columns as they are,
+    LongVideoBench's candidates as ``option0`` .. ``option4`` padded with "N/A" (its validation
+    parquet, the file lmms-eval reads)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    entries = json.loads(json_path.read_text(encoding="utf-8"))
+    if benchmark == LONGVIDEOBENCH:
+        for entry in entries:
+            candidates = entry.pop("candidates")
+            entry.update({f"option{i}": (candidates + ["N/A"] * 5)[i] for i in range(5)})
+    name = "test-00000-of-00001.parquet" if benchmark == VIDEOMME else "validation-00000-of-00001.parquet"
+    path = json_path.with_name(name)
+    pq.write_table(pa.Table.from_pylist(entries), path)
+    return path
+
+
+@pytest.mark.parametrize("benchmark", [VIDEOMME, LONGVIDEOBENCH])
+def test_a_parquet_annotation_file_builds_as_its_json_rows(benchmark, tmp_path):
+    # The same entries as the JSON test above, in the Parquet file the benchmark publishes: the
+    # same rows written (ids, letters, options, videos) and the same rejects.
+    make_inputs, written, rejected = CASES[benchmark]
+    annotations, videos = make_inputs(tmp_path / "inputs")
+    built = {}
+    for layout, path in (("json", annotations), ("parquet", _as_parquet(annotations, benchmark))):
+        out = tmp_path / layout
+        run_lvrl(
+            "data", "build", "--format", benchmark, "--annotations", str(path),
+            "--videos-root", str(videos), "--out", str(out), "--split", benchmark, "--no-progress",
+        )  # fmt: skip
+        stream = VideoQAStream(
+            resolve_shards(str(out / f"{benchmark}-*.tar")), num_frames=4, max_pixels=56 * 56
+        )
+        rows = {s.row.problem_id: (s.row.answer, s.row.options, s.row.video) for s in stream}
+        built[layout] = (rows, _rejects(out, benchmark))
+    assert built["parquet"] == built["json"]
+    assert set(built["parquet"][0]) == set(written) and built["parquet"][1] == rejected
+    if benchmark == LONGVIDEOBENCH:  # the 4-candidate question: its "N/A" padding is no option
+        assert len(built["parquet"][0]["86CxyhFV9MI_1"][1]) == 4
