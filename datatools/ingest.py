@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 import stat
@@ -86,6 +87,30 @@ def _folder_names(folder: str, mtime_ns: int) -> dict[str, tuple[str, ...]]:
     for name in os.listdir(folder):
         names.setdefault(Path(name).stem.casefold(), []).append(name)
     return {stem: tuple(sorted(found)) for stem, found in names.items()}
+
+
+YOUTUBE_ID = re.compile(r"(?:[?&]v=|youtu\.be/|/shorts/)([A-Za-z0-9_-]{11})")
+
+
+def downloaded_videos(videos_root: Path) -> dict[str, str]:
+    """YouTube id -> video path (relative to ``videos_root``) of a folder that video2dataset filled
+    (``--output_format files``, as LVBench's ``scripts/download.sh`` runs it): numbered shard folders
+    of numbered videos, ``00000/000000000.mp4``, each with a sidecar ``000000000.json`` whose
+    ``url`` is the video's YouTube address. Sidecars that name no YouTube video, have no video
+    beside them or cannot be read are skipped; an id two sidecars name is left out (which is
+    meant is not known)."""
+    found: dict[str, list[str]] = {}
+    for sidecar in sorted(videos_root.glob("*/*.json")):
+        try:
+            meta = json.loads(sidecar.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        url = meta.get("url") if isinstance(meta, dict) else None
+        match = YOUTUBE_ID.search(url) if isinstance(url, str) else None
+        video = video_otherwise_named(sidecar.with_suffix(".mp4")) if match else None
+        if match and video is not None:
+            found.setdefault(match.group(1), []).append(str(video.relative_to(videos_root)))
+    return {youtube_id: paths[0] for youtube_id, paths in found.items() if len(paths) == 1}
 
 
 def _leaves_by_name(videos_root: Path, name: str) -> bool:

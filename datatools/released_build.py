@@ -46,8 +46,8 @@ from typing import Any
 from datamodules.rows import QARow
 from datamodules.video import VideoDecodeError, VideoInfo
 from datatools.annotation_files import AnnotationFileError
-from datatools.benchmarks import FORMATS, LONGVIDEO_REASON, benchmark_records
-from datatools.ingest import locate_video, sample_key
+from datatools.benchmarks import FORMATS, LONGVIDEO_REASON, LVBENCH, benchmark_records
+from datatools.ingest import downloaded_videos, locate_video, sample_key
 from datatools.jsonl_rows import Line, decode_line, read_lines
 from datatools.progress import progress_bar
 from datatools.released import (
@@ -217,6 +217,8 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
     was rejected (its video missing, say).
     """
     videos_root = settings.videos_root.resolve()
+    # LVBench's download names videos by number, their YouTube ids in sidecar files.
+    downloaded = downloaded_videos(videos_root) if settings.source_format == LVBENCH else {}
     for number, outcome in _checked_rows(settings):
         if number < from_line:  # already in a shard or the rejects file
             continue
@@ -225,10 +227,13 @@ def read_rows(settings: BuildSettings, from_line: int = 1) -> Iterator[Candidate
             continue
         row = outcome
         key = sample_key(row.problem_id)
+        name = row.video
+        if Path(name).stem in downloaded and not (videos_root / name).exists():
+            name = downloaded[Path(name).stem]
         try:
             path = locate_video(
                 videos_root,
-                row.video,
+                name,
                 allow_outside_root=settings.allow_outside_root,
                 max_bytes=settings.max_video_bytes,
             )

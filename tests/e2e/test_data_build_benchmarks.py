@@ -272,3 +272,27 @@ def test_a_parquet_annotation_file_builds_as_its_json_rows(benchmark, tmp_path):
     assert set(built["parquet"][0]) == set(written) and built["parquet"][1] == rejected
     if benchmark == LONGVIDEOBENCH:  # the 4-candidate question: its "N/A" padding is no option
         assert len(built["parquet"][0]["86CxyhFV9MI_1"][1]) == 4
+
+
+def test_lvbench_videos_as_its_download_script_stores_them(tmp_path):
+    # LVBench's scripts/download.sh runs video2dataset with --output_format files: numbered shard
+    # folders of numbered videos, each with a sidecar JSON whose url is the YouTube address built
+    # from the annotation's key. The build finds each key's video through its sidecar.
+    annotations = tmp_path / "video_info.meta.jsonl"
+    annotations.write_bytes((FIXTURES / "lvbench_video_info.meta.jsonl").read_bytes())
+    videos = tmp_path / "videos"
+    (videos / "00000").mkdir(parents=True)
+    for number, (key, shade) in enumerate([("Xe2xQ9dJ3Lg", 60), ("7Ldmdtg0rQk", 30)]):
+        stem = videos / "00000" / f"00000{number:04d}"
+        stem.with_suffix(".mp4").write_bytes(_video(shade))
+        meta = {"url": f"https://www.youtube.com/watch?v={key}", "key": stem.name, "status": "success"}
+        stem.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
+    (videos / "00000" / "000000002.json").write_text('{"url": "https://example.org/x"}', encoding="utf-8")
+    out = tmp_path / "shards"
+    report = build_shards(BuildSettings(annotations, videos, out, source_format=LVBENCH), progress=False)
+    assert report.written == 3 and not report.rejected
+    shards = resolve_shards(str(out / "train-*.tar"))
+    stream = VideoQAStream(shards, num_frames=4, max_pixels=56 * 56, keep_video_bytes=True)
+    sources = {sample.row.problem_id: sample.video_bytes for sample in stream}
+    assert sources["5"] == sources["6"] == (videos / "00000" / "000000001.mp4").read_bytes()  # 7Ldmdtg0rQk
+    assert sources["140"] == (videos / "00000" / "000000000.mp4").read_bytes()  # Xe2xQ9dJ3Lg
