@@ -166,7 +166,12 @@ def _full_sequence_logits(
         use_cache=False,
         logits_to_keep=keep.to(device),
     ).logits
-    return [logits[i].index_select(0, torch.searchsorted(keep, w).to(device)) for i, w in enumerate(wanted)]
+    # unbind, not logits[i]: each indexed row's backward would be a zero-filled gradient the size
+    # of all the logits (1.9 GB a row with a 152k vocabulary), once per row.
+    return [
+        row.index_select(0, torch.searchsorted(keep, w).to(device))
+        for row, w in zip(logits.unbind(0), wanted, strict=True)
+    ]
 
 
 def _shared_prompt_logits(
@@ -245,9 +250,11 @@ def _shared_prompt_logits(
     ).logits
     first = last.index_select(0, slot)
     out = []
-    for i, (tokens, w) in enumerate(zip(scored, wanted, strict=True)):
-        rest = completion_logits[i].index_select(0, torch.searchsorted(keep, w).to(device))
-        out.append(torch.cat([first[i : i + 1], rest]) if len(tokens) and tokens[0] == 0 else rest)
+    # unbind, not [i]: an indexed row's backward is a zero-filled gradient the size of the whole tensor.
+    rows = zip(scored, wanted, completion_logits.unbind(0), first.unbind(0), strict=True)
+    for tokens, w, row, first_of_row in rows:
+        rest = row.index_select(0, torch.searchsorted(keep, w).to(device))
+        out.append(torch.cat([first_of_row.unsqueeze(0), rest]) if len(tokens) and tokens[0] == 0 else rest)
     return out
 
 
