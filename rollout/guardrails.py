@@ -3,12 +3,14 @@
 Two layers, because they fail differently:
 
 - **Never sampled**: the vision placeholders and the markers around them
-  (:meth:`models.families.base.ModelFamily.vision_token_ids`). Only the processor writes them; a
-  sampled ``<|video_pad|>`` makes a later pass read the completion as a video slot, and a
-  Qwen3-VL run in another framework died at step 44 of it (verl #5817). Both engines remove
-  them from the sampling distribution (vLLM: ``allowed_token_ids``, the transformers engine: a
-  mask on its logits). The log-probs they report stay the model's own (vLLM reports
-  ``raw_logprobs``, taken before any logits processor), so the trainer's ratio is unchanged.
+  (:meth:`models.families.base.ModelFamily.vision_token_ids`), and the embedding's padding rows
+  (ids no token of the tokenizer has). Only the processor writes the placeholders; a sampled
+  ``<|video_pad|>`` makes a later pass read the completion as a video slot, and a Qwen3-VL run
+  in another framework died at step 44 of it (verl #5817); a padding id decodes to nothing.
+  Both engines remove them from the sampling distribution (vLLM: ``allowed_token_ids``, the
+  transformers engine: a mask on its logits). The log-probs they report stay the model's own
+  (vLLM reports ``raw_logprobs``, taken before any logits processor), so the trainer's ratio is
+  unchanged.
 - **Rejected after sampling**: any other special token the chat template does not let an
   assistant turn hold (``<|im_start|>``, the box and quad markers, ...: every special token but
   the end-of-turn ones). Such a completion is decoded without it (``skip_special_tokens``), so
@@ -30,8 +32,13 @@ STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 def banned_token_ids(model_config: Any, tokenizer: Any) -> list[int]:
-    """The ids no engine may sample for this model (its family's vision tokens)."""
-    return family_of(model_config).vision_token_ids(tokenizer)
+    """The ids no engine may sample for this model: its family's vision tokens, and the rows of its
+    embedding with no token behind them (``len(tokenizer)`` up to the vocabulary size: the padding
+    a checkpoint's embedding carries, 271 rows in Qwen2.5-VL's). Such an id decodes to nothing, so
+    the reward would score text the model did not write."""
+    text_config = getattr(model_config, "text_config", model_config)
+    padding = range(len(tokenizer), int(text_config.vocab_size))
+    return sorted({*family_of(model_config).vision_token_ids(tokenizer), *padding})
 
 
 def forbidden_completion_ids(tokenizer: Any) -> frozenset[int]:

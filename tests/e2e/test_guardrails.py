@@ -13,6 +13,7 @@ from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoProcessor
 
+from models.families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from models.vision import encode_videos
@@ -141,3 +142,16 @@ def test_a_completion_with_a_forbidden_special_token_is_rejected_and_counted(
         prompt_length = rollouts.scoring.prompt_lengths[row]
         assert not rollouts.scoring.video_mask[row, prompt_length:].any()
         assert int(rollouts.scoring.video_mask[row].sum()) == int(prompts.layouts[row // 4].video_slots.sum())
+
+
+def test_padding_rows_of_the_embedding_are_never_sampled(tiny_model_dir: Path) -> None:
+    # The tiny model's embedding has 1,024 rows for a tokenizer of fewer tokens: the rows past the
+    # tokenizer decode to nothing, so a completion holding one would be scored on text the model
+    # did not write. Both engines get them banned with the placeholders.
+    model = load_model(tiny_model_dir).eval()
+    tokenizer = AutoProcessor.from_pretrained(tiny_model_dir).tokenizer
+    padding = set(range(len(tokenizer), model.config.text_config.vocab_size))
+    assert len(padding) > 100 and padding <= set(banned_token_ids(model.config, tokenizer))
+    assert all(tokenizer.decode([i]) == "" for i in sorted(padding)[:5])
+    vision = set(family_of(model.config).vision_token_ids(tokenizer))
+    assert set(banned_token_ids(model.config, tokenizer)) == vision | padding  # nothing else
