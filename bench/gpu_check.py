@@ -38,6 +38,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # plan_check, beside t
 
 import plan_check  # noqa: E402
 
+from evaluation.provenance import provenance  # noqa: E402
 from parallel.memory_plan import RunSettings, TextModel, ring_transient_bytes  # noqa: E402
 
 QWEN2_5_VL_7B_TEXT = {
@@ -244,15 +245,9 @@ def main() -> None:
     finally:
         dist.destroy_process_group()
         store.unlink(missing_ok=True)
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     summary = {
-        "command": " ".join(["python", "bench/gpu_check.py", *sys.argv[1:]]),
-        "commit": plan_check._commit(),
-        "machine": {
-            "cpu": plan_check._cpu_model(),
-            "cores": os.cpu_count(),
-            "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-        },
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(["python", "bench/gpu_check.py", *sys.argv[1:]], gpu),
         "seconds": round(time.perf_counter() - started, 1),
         "ring": ring,
         "grpo_step": grpo,

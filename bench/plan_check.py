@@ -42,7 +42,6 @@ import gc
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,6 +58,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
+from evaluation.provenance import provenance  # noqa: E402
 from models.architectures import architecture_from_config  # noqa: E402
 from parallel.memory_plan import Device, RunSettings, ValidationSettings, plan_memory  # noqa: E402
 
@@ -171,6 +171,9 @@ class _BenchTokenizer:
 
     def decode(self, ids: Any, skip_special_tokens: bool = True) -> str:
         return ""
+
+    def __len__(self) -> int:  # every id of the bench's vocabulary is a token: no padding rows
+        return int(MODEL_CONFIG["vocab_size"])
 
 
 def validation_pass(
@@ -414,27 +417,6 @@ def measure(world: int, sp: int, args: argparse.Namespace, tmp: Path) -> list[di
     return json.loads(out.read_text())
 
 
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -530,10 +512,7 @@ def main() -> None:
         )
     if args.json:
         summary = {
-            "command": " ".join(["python", "bench/plan_check.py", *sys.argv[1:]]),
-            "commit": _commit(),
-            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": None},
-            "date": time.strftime("%Y-%m-%d"),
+            **provenance(["python", "bench/plan_check.py", *sys.argv[1:]]),
             "settings": {k: v for k, v in vars(args).items() if k != "json"},
             "rows": rows,
         }

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(ROOT))
 
 from app.memory_check import run_settings, with_engine_limits  # noqa: E402
+from evaluation.provenance import provenance  # noqa: E402
 from models.architectures import published_architecture  # noqa: E402
 from parallel.memory_plan import GIB, Device, plan_memory  # noqa: E402
 
@@ -86,21 +84,8 @@ def main() -> None:
         for name, architecture in CONFIGS.items()
     ]
     rows.append(planned("grpo_7b_4096f.yaml at 8,192 frames", eight_k_variant(), "qwen2.5-vl-7b"))
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-    ).stdout
     summary = {
-        "command": " ".join(["python", "bench/plan_configs.py", *sys.argv[1:]]),
-        "commit": head + ("+changes" if dirty.strip() else ""),
-        "machine": {
-            "cores": os.cpu_count(),
-            "gpu": None,
-            "note": "arithmetic only: the machine does not matter",
-        },
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(["python", "bench/plan_configs.py", *sys.argv[1:]]),
         "device": "8 x 80 GB GPUs",
         "rows": rows,
     }

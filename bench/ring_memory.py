@@ -23,11 +23,8 @@ import argparse
 import hashlib
 import json
 import os
-import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 # Run as `python bench/ring_memory.py`, Python puts bench/ first on sys.path; keep the repo's packages.
@@ -95,27 +92,6 @@ def _rank(rank: int, args: argparse.Namespace, store_path: str, results: str) ->
     dist.destroy_process_group()
 
 
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -133,11 +109,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, args=(args, str(Path(tmp) / "store"), tmp), nprocs=args.ranks)
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(args.ranks)]
+    from evaluation.provenance import provenance
+
     summary = {
-        "command": " ".join(["python", "bench/ring_memory.py", *sys.argv[1:]]),
-        "commit": _commit(),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": None},
-        "date": time.strftime("%Y-%m-%d"),
+        **provenance(["python", "bench/ring_memory.py", *sys.argv[1:]]),
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
         "forward_chunks": max(r["forward_chunks"] for r in ranks),
         "backward_chunks": max(r["backward_chunks"] for r in ranks),

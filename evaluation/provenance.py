@@ -1,0 +1,53 @@
+"""Where a result came from: the command that made it, the commit, the machine and the date.
+
+Every results file a bench script writes carries :func:`provenance` at its top, so a figure in
+the docs can be traced to the run that made it (and a stale one told from a current one).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def commit(root: Path = REPO_ROOT) -> str:
+    """The checked-out commit, ``+changes`` when tracked files differ from it; ``unknown``
+    outside a git checkout. (Untracked files, such as a run's own results, do not count.)"""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def cpu_model() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def provenance(command: Sequence[str], gpu: str | None = None) -> dict[str, Any]:
+    """``{command, commit, machine, date}`` of a run of ``command`` (its argv) on this machine."""
+    return {
+        "command": " ".join(command),
+        "commit": commit(),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu},
+        "date": time.strftime("%Y-%m-%d"),
+    }
