@@ -65,11 +65,18 @@ CPU_UNSYNCABLE_MODEL_TYPES = ("qwen3_vl_moe",)
 @contextlib.contextmanager
 def _long_max_model_len_allowed(allowed: bool) -> Iterator[None]:
     """vLLM reads ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` while it checks its config: set it for that
-    moment only, when the engine's ``allow_long_max_model_len`` asks for it."""
+    moment only, when the engine's ``allow_long_max_model_len`` asks for it.
+
+    An in-process engine core caches vLLM's environment when it starts
+    (``vllm.envs.enable_envs_cache``), so a second engine in the same process would read the first
+    one's value: the cache is dropped first, and the engine starting re-reads the environment."""
+    import vllm.envs
+
     name = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
     before = os.environ.get(name)
     if allowed:
         os.environ[name] = "1"
+    vllm.envs.disable_envs_cache()
     try:
         yield
     finally:

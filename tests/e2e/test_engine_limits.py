@@ -74,6 +74,11 @@ def test_a_4096_frame_video_is_refused_by_vllm_unless_the_engine_is_sized_for_it
     request, length = long_video_request(released_pixels_model)
     shape = RolloutShape(video_tokens=VIDEO_TOKENS, row_tokens=length + 1)
     settings = {"dtype": "float32", "max_num_seqs": 4, "allow_long_max_model_len": True}
+    # As after an earlier engine in this process (an in-process engine core caches vLLM's
+    # environment as it starts): the engine's own setting must still reach vLLM's config check.
+    import vllm.envs
+
+    vllm.envs.enable_envs_cache()
 
     before = started(VLLMEngine(max_model_len=shape.row_tokens, **settings), released_pixels_model)
     try:

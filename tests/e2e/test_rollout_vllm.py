@@ -95,7 +95,10 @@ def test_cached_embeddings_match_raw_frames(setup) -> None:
     from vllm import SamplingParams
 
     _, model, _, request, engine = setup
-    params = SamplingParams(temperature=0.0, max_tokens=10, logprobs=0)
+    # the engine bans ids with no token behind them (rollout.guardrails): so does the raw call
+    params = SamplingParams(
+        temperature=0.0, max_tokens=10, logprobs=0, allowed_token_ids=engine.allowed_token_ids
+    )
     raw = engine.llm.generate(
         [
             {

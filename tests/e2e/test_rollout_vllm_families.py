@@ -66,7 +66,10 @@ def test_cached_encodings_raw_frames_and_the_trainer_agree(family_name: str, fam
     engine.start(PolicyHandle(str(model_dir), model, processor.tokenizer))
     try:
         cached = engine.generate([request], greedy)[0].completions[0]
-        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0)
+        # the engine bans ids with no token behind them (rollout.guardrails): so does the raw call
+        params = SamplingParams(
+            temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, allowed_token_ids=engine.allowed_token_ids
+        )
         raw = engine.llm.generate(
             {"prompt": text, "multi_modal_data": {"video": (frames, METADATA)}}, params, use_tqdm=False
         )[0]
