@@ -10,6 +10,7 @@ import lightning as L
 from transformers import AutoConfig, AutoProcessor
 
 from datamodules.collate import TextTokenCounter, VideoQACollator
+from datamodules.qwen_video import QwenVideoSettings
 from datamodules.shards import resolve_shards
 from datamodules.stream import (
     EpochAwareDataLoader,
@@ -91,6 +92,15 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             callback's ``tool_use``, decode requested frames from it; it costs the batch's
             videos' size in host memory while in use); and a row with a tool trace (the zoom
             task's, :mod:`datamodules.tool_traces`) is taught as that episode in CoT-SFT.
+        qwen_video: sample each video as the Qwen models' own preprocessing does (the
+            ``qwen-vl-utils`` package's ``fetch_video``: :mod:`datamodules.qwen_video`) with these
+            of its keys: ``fps`` or ``nframes``, ``min_frames``, ``max_frames``, ``min_pixels``,
+            ``max_pixels``, ``total_pixels``; ``{}`` is Qwen's defaults exactly (2 fps, 4 to 768
+            frames, 128 to 768 merged patches a frame) and needs ``num_frames: 768`` and
+            ``max_pixels_per_frame: 602112`` (768 x 28 x 28; 786432 for Qwen3-VL's 32-pixel
+            patches), which stay the bounds the memory plan and the engine are sized by.
+            ``sample_fps`` and ``val_num_frames`` are then unused and must be unset. null: lvrl's
+            uniform sampling.
 
     Frames per video are bounded by ``num_frames`` (every ``val_num_frames`` count and the
     ``sample_fps`` rate are capped by their own count): a longer video is sampled more
@@ -119,6 +129,7 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         max_prompt_tokens: int | None = 4096,
         max_target_tokens: int | None = 4096,
         tool_use: bool = False,
+        qwen_video: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
         if sample_fps is not None and sample_fps <= 0:
@@ -129,6 +140,13 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         for name, limit in limits.items():
             if limit is not None and limit < 1:
                 raise ValueError(f"data.{name}={limit} must be at least 1 (or null for no limit)")
+        if qwen_video is not None:
+            if sample_fps is not None or val_num_frames is not None:
+                raise ValueError(
+                    "data.qwen_video chooses the frames itself: "
+                    "leave data.sample_fps and data.val_num_frames unset"
+                )
+            QwenVideoSettings(**qwen_video)  # a wrong key or value fails here, not in a worker
         if worker_start_method not in ("spawn", "fork", "forkserver"):
             raise ValueError(f"worker_start_method must be spawn, fork or forkserver: {worker_start_method}")
         self.save_hyperparameters()
@@ -204,7 +222,23 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             max_prompt_tokens=self.hparams.max_prompt_tokens,
             max_target_tokens=self.hparams.max_target_tokens,
             keep_video_bytes=self.hparams.tool_use,
+            qwen_video=self._qwen_video(),
         )
+
+    def _qwen_video(self) -> QwenVideoSettings | None:
+        """The ``qwen_video`` settings, checked against the frame and pixel bounds."""
+        if self.hparams.qwen_video is None:
+            return None
+        settings = QwenVideoSettings(**self.hparams.qwen_video)
+        frames, pixels = settings.frame_bound(), settings.pixel_bound(self.family.merged_patch_pixels)
+        if frames > self.hparams.num_frames or pixels > self.hparams.max_pixels_per_frame:
+            raise ValueError(
+                f"data.qwen_video gives up to {frames} frames of {pixels:,} pixels; data.num_frames "
+                f"({self.hparams.num_frames}) and data.max_pixels_per_frame "
+                f"({self.hparams.max_pixels_per_frame:,}) bound every video: raise them, or lower "
+                "qwen_video's max_frames / nframes and max_pixels"
+            )
+        return settings
 
     def _collator(self) -> VideoQACollator:
         """Both layouts: SFT trains on prompt + target, RL samples from the prompt alone."""

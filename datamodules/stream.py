@@ -31,6 +31,7 @@ import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
 from datamodules.loader_workers import EndingSwitch
+from datamodules.qwen_video import QwenVideoSettings
 from datamodules.rows import MalformedRow, QARow, parse_row
 from datamodules.video import PATCH_FACTOR, SampledVideo, VideoDecodeError, decode_video
 
@@ -159,6 +160,8 @@ class VideoQAStream(IterableDataset):
             answer) has more tokens than this; None: no limit.
         keep_video_bytes: keep each sample's encoded video (``VideoQASample.video_bytes``), for
             tool-use rollouts that decode the frames a model asks for.
+        qwen_video: sample frames and sizes as Qwen's own preprocessing does
+            (:mod:`datamodules.qwen_video`), within ``num_frames`` and ``max_pixels``.
 
     Text limits are checked before the video is decoded, so a sample they reject costs one
     tokenisation. The video's own tokens are bounded by ``num_frames`` and ``max_pixels``.
@@ -182,9 +185,11 @@ class VideoQAStream(IterableDataset):
         max_prompt_tokens: int | None = None,
         max_target_tokens: int | None = None,
         keep_video_bytes: bool = False,
+        qwen_video: QwenVideoSettings | None = None,
     ) -> None:
         super().__init__()
         self.keep_video_bytes = keep_video_bytes
+        self.qwen_video = qwen_video
         self.shards = list(shards)
         self.num_frames = num_frames
         self.max_pixels = max_pixels
@@ -275,6 +280,7 @@ class VideoQAStream(IterableDataset):
                 self.max_pixels,
                 sample_fps=self.sample_fps,
                 factor=self.frame_factor,
+                qwen=self.qwen_video,
             )
         except VideoDecodeError as err:
             self._reject(shard, key, "bad_video", f"bad video: {err}")

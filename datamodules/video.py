@@ -20,6 +20,8 @@ from pathlib import Path
 import av
 import numpy as np
 
+from datamodules.qwen_video import QwenVideoSettings, qwen_video_plan
+
 # Qwen2-VL and Qwen2.5-VL see 14x14 patches merged 2x2, so frame sides are multiples of 28 by
 # default; Qwen3-VL's 16x16 patches want 32 (the model's family says: ``merged_patch_pixels``).
 PATCH_FACTOR = 28
@@ -232,20 +234,40 @@ def decode_video(
     *,
     sample_fps: float | None = None,
     factor: int = PATCH_FACTOR,
+    qwen: QwenVideoSettings | None = None,
 ) -> SampledVideo:
     """Decode frames spaced uniformly over the whole video, each resized to fit ``max_pixels``
     with sides that are multiples of ``factor``.
 
     Samples ``num_frames`` frames, or with ``sample_fps`` that many per second of video up to
-    ``num_frames``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
-    video (one that ends before a frame its header announces), never returns a partial result.
+    ``num_frames``. With ``qwen`` settings, the frames and their size are the ones Qwen's own
+    preprocessing chooses (:mod:`datamodules.qwen_video`) instead, within ``num_frames`` and
+    ``max_pixels``. Raises :class:`VideoDecodeError` for an unreadable, empty or truncated
+    video (one that ends before a frame its header announces), or one that Qwen's rules cannot
+    sample; never returns a partial result.
     """
     with open_container(source) as container:
         stream, info = read_video_info(container)
-        count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
-        return _decode_indices(
-            container, stream, info, uniform_frame_indices(info.num_frames, count), max_pixels, factor
-        )
+        if qwen is None:
+            count = sampled_frame_count(info.num_frames, info.fps, num_frames, sample_fps)
+            indices = uniform_frame_indices(info.num_frames, count)
+            size = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
+            return _decode_indices(container, stream, info, indices, size)
+        try:
+            plan = qwen_video_plan(qwen, info.num_frames, info.fps, info.height, info.width, factor)
+        except ValueError as err:  # too few frames, an extreme aspect ratio
+            raise VideoDecodeError(f"Qwen's video sampling refuses it: {err}") from err
+        if min(plan.height, plan.width) < factor:  # its resize floors a side past a small total
+            raise VideoDecodeError(
+                f"Qwen's video sampling gives frames of {plan.width}x{plan.height}: a side of 0 pixels"
+            )
+        if len(plan.frame_indices) > num_frames or plan.height * plan.width > max_pixels:
+            raise VideoDecodeError(
+                f"Qwen's video sampling gives {len(plan.frame_indices)} frames of "
+                f"{plan.width}x{plan.height}, "
+                f"beyond num_frames {num_frames} or max_pixels {max_pixels}"
+            )
+        return _decode_indices(container, stream, info, plan.frame_indices, (plan.height, plan.width))
 
 
 def decode_frames(
@@ -263,7 +285,8 @@ def decode_frames(
             raise VideoDecodeError(
                 f"frames {indices[0]}..{indices[-1]} asked of a video of {info.num_frames}"
             )
-        return _decode_indices(container, stream, info, indices, max_pixels, factor)
+        size = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
+        return _decode_indices(container, stream, info, indices, size)
 
 
 def _decode_indices(
@@ -271,10 +294,9 @@ def _decode_indices(
     stream: av.video.stream.VideoStream,
     info: VideoInfo,
     indices: Sequence[int],
-    max_pixels: int,
-    factor: int,
+    size: tuple[int, int],
 ) -> SampledVideo:
-    height, width = fit_to_pixel_budget(info.height, info.width, max_pixels, factor)
+    height, width = size
     decoded = {
         index: frame.reformat(width=width, height=height, format="rgb24").to_ndarray()
         for index, frame in frames_at(container, stream, info, indices)

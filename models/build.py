@@ -33,6 +33,7 @@ Qwen3-VL writes ``<t seconds>`` between frames from ``frames_indices[i] / fps``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -191,20 +192,50 @@ def _row_texts(row: Any) -> Iterator[str]:
                 yield trace[key]
 
 
+TOKENIZERS = ("local", "qwen")
+"""``local``: a byte-level BPE trained here on a built-in corpus (:mod:`models.tokenizer`), a few
+hundred to 2,048 tokens; ``qwen``: Qwen's published vocabulary, its added tokens at their real ids
+and an embedding of the checkpoints' 151,936 rows (:mod:`models.qwen_vocabulary`)."""
+
+
+def family_tokenizer(
+    tokenizer: str, family: str, local_vocab_size: int, corpus_files: Sequence[str | Path] = ()
+) -> tuple[Any, int]:
+    """``(tokenizer, rows of the model's embedding)`` for ``family``, with the family's chat template."""
+    from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, train_tokenizer
+
+    recipe = family_recipe(family)
+    if tokenizer == "qwen":
+        from models.qwen_vocabulary import REAL_VOCAB_SIZE, qwen_tokenizer
+
+        if corpus_files:
+            raise ValueError("corpus files train the local tokenizer; the qwen vocabulary is published")
+        return qwen_tokenizer(family, recipe.default_system_turn), REAL_VOCAB_SIZE
+    if tokenizer != "local":
+        raise ValueError(f"unknown tokenizer {tokenizer!r}; choose one of {list(TOKENIZERS)}")
+    trained = train_tokenizer(local_vocab_size, read_corpus_files(corpus_files))
+    trained.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
+    return trained, local_vocab_size
+
+
 def build_model(
-    preset: str, seed: int = 0, corpus_files: Sequence[str | Path] = (), family: str = DEFAULT_FAMILY
+    preset: str,
+    seed: int = 0,
+    corpus_files: Sequence[str | Path] = (),
+    family: str = DEFAULT_FAMILY,
+    tokenizer: str = "local",
 ) -> tuple[Any, Any]:
-    """In memory: (model, processor) of ``family`` at size ``preset``, weights drawn from ``seed``."""
-    from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
+    """In memory: (model, processor) of ``family`` at size ``preset``, weights drawn from ``seed``,
+    with the ``tokenizer`` of :data:`TOKENIZERS` (``qwen`` widens the embedding to the real rows)."""
+    from models.tokenizer import special_token_ids
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     recipe = family_recipe(family)
-    spec = PRESETS[preset]
-    tokenizer = train_tokenizer(spec.vocab_size, read_corpus_files(corpus_files))
-    tokenizer.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
-    config = recipe.make_config(spec, special_token_ids(tokenizer))
-    return instantiate(config, tokenizer, spec.init_std, seed), recipe.make_processor(tokenizer)
+    text_tokenizer, vocab_size = family_tokenizer(tokenizer, family, PRESETS[preset].vocab_size, corpus_files)
+    spec = dataclasses.replace(PRESETS[preset], vocab_size=vocab_size)
+    config = recipe.make_config(spec, special_token_ids(text_tokenizer))
+    return instantiate(config, text_tokenizer, spec.init_std, seed), recipe.make_processor(text_tokenizer)
 
 
 def instantiate(config: PretrainedConfig, tokenizer: Any, init_std: float, seed: int) -> Any:
@@ -257,6 +288,7 @@ def build_model_dir(
     seed: int = 0,
     corpus_files: Sequence[str | Path] = (),
     family: str = DEFAULT_FAMILY,
+    tokenizer: str = "local",
 ) -> Path:
     """Write a loadable directory of ``family`` at size ``preset`` to ``out_dir``; return its path.
 
@@ -264,7 +296,7 @@ def build_model_dir(
     created if needed; existing files of the same names are overwritten (the CLI guards
     against that).
     """
-    model, processor = build_model(preset, seed, corpus_files, family)
+    model, processor = build_model(preset, seed, corpus_files, family, tokenizer)
     return save_model_dir(model, processor, out_dir)
 
 

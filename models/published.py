@@ -103,25 +103,26 @@ def build_published(
     dtype: torch.dtype,
     seed: int = 0,
     corpus_files: Sequence[str | Path] = (),
+    tokenizer: str = "local",
 ) -> tuple[Any, Any]:
     """``(model, processor)``: a random-weight model of ``name``'s published widths, made
     directly on ``device`` in ``dtype`` by transformers' own init (seeded by ``seed``; on the
     ``meta`` device nothing is allocated), generating until the end of the assistant turn, with
-    lvrl's local tokenizer (trained on ``corpus_files`` too, as a preset's) and the family's
-    processor."""
+    the ``tokenizer`` of :data:`models.build.TOKENIZERS` (the local one trained on
+    ``corpus_files`` too, as a preset's) and the family's processor."""
     import torch
     import transformers
 
-    from models.build import generation_config, read_corpus_files
-    from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, chat_template, special_token_ids, train_tokenizer
+    from models.build import family_tokenizer, generation_config
+    from models.tokenizer import special_token_ids
 
     family, _ = published_spec(name)
     recipe = family_recipe(family)
-    tokenizer = train_tokenizer(PRESETS["small"].vocab_size, read_corpus_files(corpus_files))
-    tokenizer.chat_template = chat_template(DEFAULT_SYSTEM_MESSAGE if recipe.default_system_turn else None)
-    config = published_config(name, special_token_ids(tokenizer), dtype)
+    # The embedding keeps the published rows whichever the tokenizer (the config's vocab_size).
+    text_tokenizer, _ = family_tokenizer(tokenizer, family, PRESETS["small"].vocab_size, corpus_files)
+    config = published_config(name, special_token_ids(text_tokenizer), dtype)
     torch.manual_seed(seed)
     with torch.device(device), default_dtype(dtype):
         model = getattr(transformers, recipe.model_class)(config)
-    model.generation_config = generation_config(config, tokenizer)
-    return model, recipe.make_processor(tokenizer)
+    model.generation_config = generation_config(config, text_tokenizer)
+    return model, recipe.make_processor(text_tokenizer)

