@@ -1,0 +1,78 @@
+"""Render the README's result blocks from the results files that hold them.
+
+A block sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md and is
+rewritten from ``bench/results/...`` by the renderer of that name; ``--check`` rewrites nothing
+and exits 1 when a block differs from what its files give (``tests/unit/test_readme_results.py``
+runs it), so a figure in the README cannot outlive the result it came from.
+
+Usage: python tools/render_results.py [--check] [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def demo_block(root: Path) -> str:
+    """The table `make demo` printed on a fresh clone, with the run's commit, machine, load and times."""
+    folder = root / "bench" / "results" / "demo"
+    run = json.loads((folder / "run.json").read_text())
+    table = (folder / run["table"]).read_text().strip()
+    machine = run["machine"]
+    seconds = run["wall_seconds"]
+    return "\n".join(
+        [
+            f"Printed at the end of `make demo` on a fresh clone (commit {run['commit']}, {run['date']}, an "
+            f"{machine['cpu']} machine with {machine['cores']} cores; `bench/results/demo/`):",
+            "",
+            table,
+            "",
+            f"It took **{seconds['demo']} s** ({seconds['demo'] / 60:.0f} min: SFT + evaluation "
+            f"{seconds['sft_and_evaluation']} s, GRPO + evaluation {seconds['grpo_and_evaluation']} s, data "
+            f"rendering and the model build included; `make setup` {seconds['setup']} s before it). Load: "
+            f"{run['load']}. Left behind: {run['left_behind']}.",
+        ]
+    )
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {"demo": demo_block}
+
+
+def render(text: str, root: Path) -> str:
+    """``text`` with every known block rewritten from its files."""
+    for name, renderer in RENDERERS.items():
+        pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.DOTALL)
+        if not pattern.search(text):
+            raise ValueError(f"README has no results:{name} block")
+        block = renderer(root)
+        text = pattern.sub(lambda match, block=block: match.group(1) + block + match.group(2), text)
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a block is not what its files give")
+    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    args = parser.parse_args()
+    current = args.readme.read_text()
+    rendered = render(current, REPO)
+    if args.check:
+        if rendered != current:
+            print(
+                f"{args.readme}: a results block differs from its files; run python tools/render_results.py"
+            )
+            return 1
+        return 0
+    args.readme.write_text(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
