@@ -9,13 +9,14 @@
    zeros).
 2. **GRPO steps.** The tiny preset with lvrl's local tokenizer (1,024 rows) and with Qwen's
    published vocabulary (``--tokenizer qwen``: 151,936 rows), each in a process of its own:
-   ``--steps`` steps of 2 prompts x 3 completions of 8 tokens with the in-process vLLM engine; the
+   ``--steps`` steps of ``--prompts`` x ``--completions`` completions of up to ``--new-tokens``
+   tokens (default 2 x 3 x 8, the tests' steps) with the in-process vLLM engine; the
    median step after the first (rollout, and training: scoring, loss, backward, optimizer) and
    the process's peak resident memory. The target (issue 46): the real-vocabulary step at most 3x
    the local one.
 
-Usage: python bench/real_vocab_step.py [--steps 5] [--rows 64] [--positions 8]
-       [--out bench/results/real_vocab/step.json]
+Usage: python bench/real_vocab_step.py [--steps 5] [--rows 64] [--positions 8] [--prompts 2]
+       [--completions 3] [--new-tokens 8] [--out bench/results/real_vocab/<name>.json]
 """
 
 from __future__ import annotations
@@ -57,7 +58,10 @@ def scoring_pattern(rows: int, positions: int, way: str) -> dict[str, Any]:
     start_kib = _kib("VmRSS")
     started = time.perf_counter()
     per_row = [logits[i] for i in range(rows)] if way == "index" else list(logits.unbind(0))
-    scores = [torch.log_softmax(r, -1).gather(-1, t.unsqueeze(-1)).sum() for r, t in zip(per_row, targets)]
+    scores = [
+        torch.log_softmax(row, -1).gather(-1, wanted.unsqueeze(-1)).sum()
+        for row, wanted in zip(per_row, targets, strict=True)
+    ]
     torch.stack(scores).sum().backward()
     seconds = time.perf_counter() - started
     digest = hashlib.sha256(logits.grad.numpy().tobytes()).hexdigest()
@@ -69,8 +73,9 @@ def scoring_pattern(rows: int, positions: int, way: str) -> dict[str, Any]:
     }
 
 
-def grpo_steps(tokenizer: str, steps: int, workdir: Path) -> dict[str, Any]:
-    """``steps`` tiny GRPO steps with the vLLM engine on the ``tokenizer`` model (this process)."""
+def grpo_steps(tokenizer: str, steps: int, shape: tuple[int, int, int], workdir: Path) -> dict[str, Any]:
+    """``steps`` tiny GRPO steps with the vLLM engine on the ``tokenizer`` model (this process), of
+    ``shape = (prompts, completions per prompt, new tokens)``."""
     import lightning as L
 
     sys.path.insert(0, str(REPO / "tests"))
@@ -86,7 +91,8 @@ def grpo_steps(tokenizer: str, steps: int, workdir: Path) -> dict[str, Any]:
 
     synth = workdir / "synth"
     config = SynthConfig(num_frames=20, fps=2.0, size=56, seed=7)
-    write_shards(encoded_samples(config, "train", 24), synth, "train", max_samples_per_shard=4, progress=False)
+    samples = encoded_samples(config, "train", 24)
+    write_shards(samples, synth, "train", max_samples_per_shard=4, progress=False)
     model_dir = build_model_dir("tiny", workdir / f"model-{tokenizer}", tokenizer=tokenizer)
 
     class Clock(L.Callback):
@@ -105,24 +111,35 @@ def grpo_steps(tokenizer: str, steps: int, workdir: Path) -> dict[str, Any]:
 
     marks: list[list[float]] = []
     L.seed_everything(0)
-    module = GRPOModule(str(model_dir), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
+    prompts, completions, new_tokens = shape
+    module = GRPOModule(str(model_dir), learning_rate=1e-3, max_new_tokens=new_tokens, kl_coef=0.1)
     rollout = RolloutCallback(
-        engine=VLLMEngine(dtype="float32", max_num_seqs=8),
-        num_generations=3,
-        max_new_tokens=8,
+        engine=VLLMEngine(dtype="float32", max_num_seqs=prompts * completions),
+        num_generations=completions,
+        max_new_tokens=new_tokens,
         rewards=[RewardSpec("format", 1.0)],
     )
     callbacks = [Clock(marks, opens=True), rollout, Clock(marks, opens=False)]
-    fit_tiny_grpo(module, model_dir, synth, workdir / "run", steps=steps, callbacks=callbacks)
+    fit_tiny_grpo(
+        module, model_dir, synth, workdir / "run", steps=steps, callbacks=callbacks, prompts_per_step=prompts
+    )
     later = marks[1:]  # the first step also starts the engine
+    text = module.model.config.text_config
+    kv = text.num_key_value_heads * text.hidden_size // text.num_attention_heads
+    h = text.hidden_size
+    layer_macs = text.num_hidden_layers * (h * (h + 2 * kv) + h * h + 3 * h * text.intermediate_size)
     return {
         "tokenizer": tokenizer,
         "vocabulary_rows": module.model.config.text_config.vocab_size,
+        "prompts_x_completions_x_new_tokens": list(shape),
         "steps": steps,
         "median_step_s": round(statistics.median(m[2] - m[0] for m in later), 3),
         "median_rollout_s": round(statistics.median(m[1] - m[0] for m in later), 3),
         "median_training_s": round(statistics.median(m[2] - m[1] for m in later), 3),
         "peak_resident_mib": round(_kib("VmHWM") / 1024, 1),
+        # Multiply-accumulates of one scored position: the decoder layers, then the output head.
+        "decoder_macs_per_position": layer_macs,
+        "head_macs_per_position": text.vocab_size * h,
     }
 
 
@@ -140,6 +157,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=64, help="rows of the scoring pattern (G x prompts)")
     parser.add_argument("--positions", type=int, default=8, help="scored positions a row")
+    parser.add_argument("--prompts", type=int, default=2, help="GRPO prompts a step")
+    parser.add_argument("--completions", type=int, default=3, help="completions a prompt")
+    parser.add_argument("--new-tokens", type=int, default=8, help="tokens a completion, at most")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -149,15 +169,18 @@ def main() -> None:
             result = scoring_pattern(int(rest[0]), int(rest[1]), rest[2])
         else:
             with tempfile.TemporaryDirectory() as folder:
-                result = grpo_steps(rest[0], int(rest[1]), Path(folder))
+                shape = (int(rest[2]), int(rest[3]), int(rest[4]))
+                result = grpo_steps(rest[0], int(rest[1]), shape, Path(folder))
         print(json.dumps(result))
         return
 
     from evaluation.provenance import provenance
 
     pattern = [_in_child("pattern", str(args.rows), str(args.positions), way) for way in ("index", "unbind")]
-    steps = [_in_child("steps", tokenizer, str(args.steps)) for tokenizer in ("local", "qwen")]
+    shape = [str(args.prompts), str(args.completions), str(args.new_tokens)]
+    steps = [_in_child("steps", tokenizer, str(args.steps), *shape) for tokenizer in ("local", "qwen")]
     ratio = steps[1]["median_step_s"] / steps[0]["median_step_s"]
+    macs = [r["decoder_macs_per_position"] + r["head_macs_per_position"] for r in steps]
     report = {
         **provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "scoring_pattern": {
@@ -167,6 +190,8 @@ def main() -> None:
         },
         "grpo_steps": steps,
         "real_over_local_step": round(ratio, 2),
+        # The arithmetic of a scored position, real over local: a floor for the compute-bound part.
+        "real_over_local_macs_per_position": round(macs[1] / macs[0], 1),
         "target": "the real-vocabulary step at most 3x the local one",
         "target_met": ratio <= 3.0,
     }

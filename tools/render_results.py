@@ -42,7 +42,36 @@ def demo_block(root: Path) -> str:
     )
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"demo": demo_block}
+def real_vocab_block(root: Path) -> str:
+    """What Qwen's vocabulary costs a tiny GRPO step (bench/real_vocab_step.py), per shape run."""
+    rows = [
+        "| step (prompts x completions x tokens) | vocabulary | step | rollout | training | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for path in sorted((root / "bench" / "results" / "real_vocab").glob("*.json")):
+        report = json.loads(path.read_text())
+        for run in report["grpo_steps"]:
+            shape = " x ".join(str(n) for n in run["prompts_x_completions_x_new_tokens"])
+            rows.append(
+                f"| {shape} | {run['vocabulary_rows']:,} | {run['median_step_s']:.3f} s | "
+                f"{run['median_rollout_s']:.3f} s | {run['median_training_s']:.3f} s | "
+                f"{run['peak_resident_mib']:,.0f} MiB |"
+            )
+        pattern = {r["way"]: r for r in report["scoring_pattern"]["runs"]}
+        notes.append(
+            f"- `{path.name}` ({report['commit']}, {report['date']}, {report['machine']['cpu']}): the real "
+            f"step {report['real_over_local_step']}x the local one, the arithmetic of a scored position "
+            f"{report['real_over_local_macs_per_position']}x; scoring pattern "
+            f"{' x '.join(str(n) for n in report['scoring_pattern']['shape'])}: indexed rows "
+            f"{pattern['index']['seconds']} s / {pattern['index']['peak_above_start_mib']:,} MiB, unbind "
+            f"{pattern['unbind']['seconds']} s / {pattern['unbind']['peak_above_start_mib']:,} MiB, gradients "
+            f"{'bit-identical' if report['scoring_pattern']['gradients_identical'] else 'DIFFERENT'}"
+        )
+    return "\n".join([*rows, "", *notes])
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {"demo": demo_block, "real_vocab": real_vocab_block}
 
 
 def render(text: str, root: Path) -> str:
