@@ -47,6 +47,7 @@ LONGEST_FILES = (
     "tests/distributed/test_data_split.py",
     "tests/e2e/test_sft_cli.py",
     "tests/e2e/test_grpo_cli.py",
+    "tests/e2e/test_real_vocabulary.py",
 )
 
 
