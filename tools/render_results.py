@@ -59,13 +59,14 @@ def real_vocab_block(root: Path) -> str:
                 f"{run['peak_resident_mib']:,.0f} MiB |"
             )
         pattern = {r["way"]: r for r in report["scoring_pattern"]["runs"]}
+        index, unbind = pattern["index"], pattern["unbind"]
         notes.append(
             f"- `{path.name}` ({report['commit']}, {report['date']}, {report['machine']['cpu']}): the real "
             f"step {report['real_over_local_step']}x the local one, the arithmetic of a scored position "
             f"{report['real_over_local_macs_per_position']}x; scoring pattern "
             f"{' x '.join(str(n) for n in report['scoring_pattern']['shape'])}: indexed rows "
-            f"{pattern['index']['seconds']} s / {pattern['index']['peak_above_start_mib']:,} MiB, unbind "
-            f"{pattern['unbind']['seconds']} s / {pattern['unbind']['peak_above_start_mib']:,} MiB, gradients "
+            f"{index['seconds']} s / {index['peak_above_start_mib']:,} MiB, unbind "
+            f"{unbind['seconds']} s / {unbind['peak_above_start_mib']:,} MiB, gradients "
             f"{'bit-identical' if report['scoring_pattern']['gradients_identical'] else 'DIFFERENT'}"
         )
     return "\n".join([*rows, "", *notes])
