@@ -148,13 +148,19 @@ def run_export(args: argparse.Namespace) -> None:
     print(f"exported {args.ckpt} to {out}")
 
 
-def _check_reusable(out: Path, family: str, sizes_wanted: tuple[int, int], size_name: str) -> None:
-    """Refuse ``out``'s model unless it is of ``family`` with ``sizes_wanted`` (hidden size, layers)."""
+def _check_reusable(
+    out: Path, family: str, sizes_wanted: tuple[int, int], size_name: str, tokenizer: str
+) -> None:
+    """Refuse ``out``'s model unless it is of ``family`` with ``sizes_wanted`` (hidden size, layers)
+    and the ``tokenizer`` asked for."""
     try:
         config = json.loads((out / "config.json").read_text())
         built_family = config["model_type"]
         text = config.get("text_config", config)  # transformers 5 nests it; older files do not
         sizes = (text["hidden_size"], text["num_hidden_layers"])
+        # Qwen's published vocabulary has its added tokens from id 151643 on; a local one far below.
+        added = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+        built_tokenizer = "qwen" if min(token["id"] for token in added) >= 151_643 else "local"
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SystemExit(
             f"lvrl model build: error: --reuse: {out}/config.json is not a model config ({error!r})"
@@ -168,6 +174,11 @@ def _check_reusable(out: Path, family: str, sizes_wanted: tuple[int, int], size_
         raise SystemExit(
             f"lvrl model build: error: --reuse: {out}'s model has hidden size {sizes[0]} and {sizes[1]} "
             f"layers, not {size_name}'s {sizes_wanted[0]} and {sizes_wanted[1]}: pass another --out"
+        )
+    if built_tokenizer != tokenizer:
+        raise SystemExit(
+            f"lvrl model build: error: --reuse: {out}'s model has the {built_tokenizer} tokenizer, not "
+            f"{tokenizer}: pass --tokenizer {built_tokenizer} or another --out"
         )
 
 
@@ -208,7 +219,8 @@ def run_build(args: argparse.Namespace) -> None:
             )
     if args.reuse and (out / "config.json").is_file():
         spec = PRESETS[args.preset]
-        _check_reusable(out, family, (spec.hidden_size, spec.num_layers), f"preset {args.preset}")
+        sizes = (spec.hidden_size, spec.num_layers)
+        _check_reusable(out, family, sizes, f"preset {args.preset}", args.tokenizer)
         print(f"kept the {args.preset} {family} model in {out} (--reuse)")
         return
     _check_corpus(args)
@@ -253,7 +265,7 @@ def _build_published(args: argparse.Namespace) -> None:
     out: Path = args.out
     if args.reuse and (out / "config.json").is_file():
         sizes = (spec["text"]["hidden_size"], spec["text"]["num_hidden_layers"])
-        _check_reusable(out, family, sizes, args.published)
+        _check_reusable(out, family, sizes, args.published, args.tokenizer)
         print(f"kept the {args.published} model in {out} (--reuse)")
         return
     _prepare_out(out, args.force)

@@ -253,6 +253,19 @@ def test_cli_reuse_keeps_a_matching_model_and_refuses_another(
         _run_cli("build", "--family", "qwen2_5_vl", "--preset", "tiny", "--out", str(out), "--reuse")
     with pytest.raises(SystemExit, match="hidden size 128 and 2 layers, not preset small's 256 and 4"):
         _run_cli("build", "--family", "qwen3_vl", "--preset", "small", "--out", str(out), "--reuse")
+    with pytest.raises(SystemExit, match="has the local tokenizer, not qwen: pass --tokenizer local"):
+        _run_cli(
+            "build",
+            "--family",
+            "qwen3_vl",
+            "--preset",
+            "tiny",
+            "--tokenizer",
+            "qwen",
+            "--out",
+            str(out),
+            "--reuse",
+        )
     (out / "config.json").write_bytes(b"\xff{not json")
     with pytest.raises(SystemExit, match="is not a model config"):
         _run_cli("build", "--family", "qwen3_vl", "--preset", "tiny", "--out", str(out), "--reuse")
