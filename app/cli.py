@@ -45,7 +45,7 @@ def overview() -> str:
         "",
         "`lvrl COMMAND --help` describes a command; `lvrl fit --config FILE --help` also lists the",
         "arguments of the model and data classes that FILE selects. Runs write progress lines to",
-        'stdout and library messages to RUN_DIR/lvrl.log (README, "The command line").',
+        'stdout and library messages to RUN_DIR/lvrl.log (docs/getting-started.md, "The command line").',
     ]
     return "\n".join(lines)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (README: What fits), for a lent GPU machine: its own CUDA torch and
+# The prepared GPU check (docs/planning-memory.md), for a lent GPU machine: its own CUDA torch and
 # transformers, this tree as it is; results to $OUT (or runs/gpu_check). About 3 minutes on an H100.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -331,13 +331,14 @@ def main() -> None:
     parser.add_argument(
         "--family",
         default="qwen3_vl",
-        help="model family of the small model (qwen3_vl writes each frame's time as text; README)",
+        help="model family of the small model (qwen3_vl writes each frame's time as text; docs/tool-use.md)",
     )
     parser.add_argument(
         "--sft-steps",
         type=int,
         default=900,
-        help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: README)",
+        help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: "
+        "docs/tool-use.md)",
     )
     parser.add_argument("--grpo-steps", type=int, default=200)
     parser.add_argument(

@@ -1,7 +1,7 @@
 """What asking for frames saves on the trainer side, at a real model width.
 
 FrameThinker-style tool use answers from a sparse overview plus the frames it asks for (~48
-frames seen) where a dense model reads 256 to 512; the zoom task's runs (README, "Frames on
+frames seen) where a dense model reads 256 to 512; the zoom task's runs (docs/tool-use.md, "Frames on
 request") show the accuracy side on small models. This measures the other side, the trainer's
 cost per GRPO group, with random-weight Qwen3-VL models at the published 2B/4B widths (built
 here from transformers' own config classes: nothing is downloaded), for each case:
@@ -317,7 +317,7 @@ def plain_token_ids(tokenizer: Any, family: ModelFamily) -> torch.Tensor:
 
 
 def request_text(start: float, end: float) -> str:
-    """A frame request as the model writes it (README, "Frames on request"), in its shortest
+    """A frame request as the model writes it (docs/tool-use.md, "Frames on request"), in its shortest
     form: seconds, no rate (the tool's budget gives the source's). lvrl's local tokenizer spells
     JSON almost a character a token (57 tokens here, about half that in Qwen's).
 

@@ -5,14 +5,14 @@ Each answer's last ``Markers by colour: ...`` clause is compared with its row's 
 reasoning, colours and sizes without the times (:func:`rewards.zoom.listing_score`; the
 ``marker_listing`` reward scores the same way). A listing is right when every colour's entry
 is. A model whose listings are right but whose answers are not has the seeing and lacks the
-step from listing to letter (what GRPO trains, README "What sets each seed's gain"); one whose
+step from listing to letter (what GRPO trains, docs/tool-use.md "What sets each seed's gain"); one whose
 listings are wrong can only guess.
 
 The times are checked apart: a listing's times are right when each marker it gives a time has the
 reference's (the marker's first frame, which is the frame a request for the blue stretch at 1 fps
 serves it in; a request at another span or rate can see it later, so "right" is a lower bound),
 and tied when two colours share a time (the listing then cannot order them). A model whose
-written times are neither right nor distinct but whose order is (measured: README "What the
+written times are neither right nor distinct but whose order is (measured: docs/tool-use.md "What the
 written times show") does not order the markers from the times it writes.
 
 Usage: python bench/zoom_listings.py EVAL_DIR [EVAL_DIR ...] [--data data/zoom]

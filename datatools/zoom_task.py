@@ -27,7 +27,7 @@ centred square reaches all four tokens of its frame: within 300 steps the loss w
 frames was lower than with another video's (0.32-0.39 against 0.39-0.42), and after 600 steps
 (frozen tower) 54.5% of 200 validation questions were right (sizes 76%, counts 78%; colours
 30-34%: the colour is not read yet). The scenes task found the same: its models read sizes and
-colours, not absolute positions. A rerun of that probe (README, "Frames on request") did not
+colours, not absolute positions. A rerun of that probe (docs/tool-use.md) did not
 reproduce the 54.5%: 26.5% after 600 steps, the loss the same with another video's frames. What
 made the markers readable there was the temporal patch: Qwen2.5-VL merges two consecutive frames
 into one visual token, so a marker seen in one served frame is half of a token's input; with the
@@ -132,7 +132,7 @@ class ZoomConfig:
             is first seen in, as ``mm:ss`` (``00:35``). ``patch``: the timestamp Qwen3-VL's
             processor writes before the temporal patch that frame is in, as it writes it
             (``35.5 seconds``: the mean of the patch's two frame times), so naming it is a copy
-            from the prompt rather than a conversion (why: README, "What the written times
+            from the prompt rather than a conversion (why: docs/tool-use.md, "What the written times
             show"). A reading without served frames (the dense target ``reasoning``) writes the
             patch a request at ``request_fps`` would serve. Videos and questions are the same
             either way; only the readings' text differs.
@@ -260,7 +260,7 @@ def _seen(config: ZoomConfig, markers: list[Marker], frames: list[int] | None = 
     :data:`MARKER_COLORS` order with the size and the time of the marker of that colour (the first
     of ``frames`` that shows it; None: when it appears) or "none"; a stretch's markers have distinct
     colours. Why by colour: a model reads the marker a colour word names (its size and time) long
-    before it can name the colour of "the first marker" (README, "Frames on request"), and ordering
+    before it can name the colour of "the first marker" (docs/tool-use.md), and ordering
     written times is text work."""
 
     def seen_at(marker: Marker) -> int:
@@ -304,7 +304,7 @@ def _reading(
 ) -> str:
     """:func:`_seen`, then the value the question asks for ("First: red."): the answer letter is
     then a copy of the option just named, not a lookup across the listing (measured: with the
-    listing alone the letter was the weak step, README)."""
+    listing alone the letter was the weak step, docs/tool-use.md)."""
     if category in ("Temporal", "Goal and Purpose") and not markers:
         value = "none"  # a partial view (served_markers) may show none of a colour question's markers
     else:

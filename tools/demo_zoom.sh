@@ -14,7 +14,7 @@ set -euo pipefail
 run_dir=${1:-runs/zoom}
 data_dir=${DATA_DIR:-data/zoom}
 # Qwen3-VL writes each temporal patch's time as text, which the small model reads; the small
-# Qwen2.5-VL model did not learn to read times from M-RoPE positions alone (README).
+# Qwen2.5-VL model did not learn to read times from M-RoPE positions alone (docs/tool-use.md).
 family=${FAMILY:-qwen3_vl}
 lvrl=.venv/bin/lvrl
 export WANDB_MODE=${WANDB_MODE:-offline}

@@ -1,11 +1,11 @@
-"""Render the README's result blocks from the results files that hold them.
+"""Render the docs' result blocks from the results files that hold them.
 
-A block sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md and is
-rewritten from ``bench/results/...`` by the renderer of that name; ``--check`` rewrites nothing
-and exits 1 when a block differs from what its files give (``tests/unit/test_readme_results.py``
-runs it), so a figure in the README cannot outlive the result it came from.
+A block sits between ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->`` in README.md or a
+page of docs/ and is rewritten from ``bench/results/...`` by the renderer of that name;
+``--check`` rewrites nothing and exits 1 when a block differs from what its files give
+(``tests/unit/test_docs.py`` checks the same), so a figure cannot outlive the result it came from.
 
-Usage: python tools/render_results.py [--check] [--readme README.md]
+Usage: python tools/render_results.py [--check]
 """
 
 from __future__ import annotations
@@ -75,32 +75,52 @@ def real_vocab_block(root: Path) -> str:
 RENDERERS: dict[str, Callable[[Path], str]] = {"demo": demo_block, "real_vocab": real_vocab_block}
 
 
-def render(text: str, root: Path) -> str:
-    """``text`` with every known block rewritten from its files."""
+def render(text: str, root: Path) -> tuple[str, set[str]]:
+    """``text`` with every block it holds rewritten from its files, and the names of those blocks."""
+    found = set()
     for name, renderer in RENDERERS.items():
         pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.DOTALL)
         if not pattern.search(text):
-            raise ValueError(f"README has no results:{name} block")
+            continue
+        found.add(name)
         block = renderer(root)
         text = pattern.sub(lambda match, block=block: match.group(1) + block + match.group(2), text)
-    return text
+    return text, found
+
+
+def pages(root: Path) -> list[Path]:
+    """The Markdown pages that may hold blocks: README.md and docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def stale_pages(root: Path, write: bool) -> list[Path]:
+    """The pages whose blocks differ from their files (rewritten when ``write``); every block must
+    be somewhere."""
+    stale, found = [], set()
+    for page in pages(root):
+        current = page.read_text()
+        rendered, names = render(current, root)
+        found |= names
+        if rendered != current:
+            stale.append(page)
+            if write:
+                page.write_text(rendered)
+    missing = set(RENDERERS) - found
+    if missing:
+        raise ValueError(f"no page holds the results block(s) {sorted(missing)}")
+    return stale
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if a block is not what its files give")
-    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
+    parser.add_argument("--root", type=Path, default=REPO, help="the repository (README.md, docs/, bench/)")
     args = parser.parse_args()
-    current = args.readme.read_text()
-    rendered = render(current, REPO)
-    if args.check:
-        if rendered != current:
-            print(
-                f"{args.readme}: a results block differs from its files; run python tools/render_results.py"
-            )
-            return 1
-        return 0
-    args.readme.write_text(rendered)
+    stale = stale_pages(args.root, write=not args.check)
+    if args.check and stale:
+        names = ", ".join(str(p.relative_to(args.root)) for p in stale)
+        print(f"{names}: a results block differs from its files: python tools/render_results.py")
+        return 1
     return 0
 
 

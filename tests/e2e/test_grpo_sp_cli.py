@@ -79,7 +79,7 @@ def sp2_fit(
         assert result.returncode == 0, result.stderr[-4000:]
         return
     # Two "nodes" on this machine: one torchrun per node rank, one process each, meeting at the
-    # first node's address as the nodes of a cluster do (README: Multi-node).
+    # first node's address as the nodes of a cluster do (docs/sequence-parallelism.md, "Multi-node").
     nodes = [
         subprocess.Popen(
             [
