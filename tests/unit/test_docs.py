@@ -63,3 +63,26 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
     readme.write_text(readme.read_text().replace("<!-- results:demo -->", ""))
     with pytest.raises(ValueError, match=r"no page holds the results block\(s\) \['demo'\]"):
         module.stale_pages(tmp_path, write=False)
+
+
+def config_reference():
+    path = REPO / "tools" / "render_config_reference.py"
+    spec = importlib.util.spec_from_file_location("render_config_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_configuration_reference_is_what_the_code_gives() -> None:
+    module = config_reference()
+    written = (REPO / "docs" / "configuration.md").read_text()
+    assert module.render(REPO) == written, "run: python tools/render_config_reference.py"
+    assert "undocumented" not in written  # every lvrl key has a meaning in its class's docstring
+
+
+def test_every_key_of_the_shipped_configs_is_in_the_reference() -> None:
+    module = config_reference()
+    used = module.used_keys(REPO)
+    assert len(used) > 100  # the configs were read
+    missing = used - module.listed((REPO / "docs" / "configuration.md").read_text())
+    assert not missing, sorted(missing)
