@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import math
 import re
@@ -236,19 +237,21 @@ def number_row(columns: dict[str, dict[str, float]], label: str, key: str) -> tu
 def last_records(run_dir: Path) -> list[dict] | None:
     """Every record of the run's last validation, None if it wrote none.
 
-    Files are ``predictions/val-step{N}[-rank{R}].jsonl``; the highest step wins and its rank
-    files are merged (the extra files of a frame-count sweep, ``-frames{F}``, are not read).
+    Files are ``predictions/val-step{N}[-rank{R}].jsonl``, or the same gzip-compressed
+    (``.jsonl.gz``: how saved results keep them small); the highest step wins and its rank files
+    are merged (the extra files of a frame-count sweep, ``-frames{F}``, are not read).
     """
     steps: dict[int, list[Path]] = {}
-    for path in (run_dir / "predictions").glob("val-step*.jsonl"):
-        match = re.fullmatch(r"val-step(\d+)(-rank\d+)?\.jsonl", path.name)
+    for path in (run_dir / "predictions").glob("val-step*.jsonl*"):
+        match = re.fullmatch(r"val-step(\d+)(-rank\d+)?\.jsonl(\.gz)?", path.name)
         if match:
             steps.setdefault(int(match.group(1)), []).append(path)
     if not steps:
         return None
     records: list[dict] = []
     for path in sorted(steps[max(steps)]):
-        records += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        records += [json.loads(line) for line in text.splitlines() if line.strip()]
     return records
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -121,6 +122,12 @@ def test_paired_comparison_reads_the_last_predictions(tmp_path: Path, capsys: py
     )
     assert last_predictions(after) == {"q0": True, "q1": False, "q2": True, "q3": True}
     assert last_predictions(tmp_path / "missing") is None
+    # Saved results keep their predictions gzip-compressed: read the same.
+    compressed = tmp_path / "compressed" / "predictions"
+    compressed.mkdir(parents=True)
+    for path in (after / "predictions").iterdir():
+        (compressed / (path.name + ".gz")).write_bytes(gzip.compress(path.read_bytes()))
+    assert last_predictions(compressed.parent) == last_predictions(after)
     paired = paired_comparison(last_predictions(before), last_predictions(after))
     assert (paired.questions, paired.only_new, paired.only_base) == (4, 2, 1)
     main(["report", "compare", "--run", f"SFT={before}", "--run", f"GRPO={after}"])
