@@ -72,7 +72,22 @@ def real_vocab_block(root: Path) -> str:
     return "\n".join([*rows, "", *notes])
 
 
-RENDERERS: dict[str, Callable[[Path], str]] = {"demo": demo_block, "real_vocab": real_vocab_block}
+def suite_block(root: Path) -> str:
+    """The suite's count and time from CI's script on a fresh clone (bench/results/suite)."""
+    run = json.loads((root / "bench" / "results" / "suite" / "ci.json").read_text())
+    machine = run["machine"]
+    return (
+        f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s, "
+        f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
+        f"{run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, {run['conditions']})."
+    )
+
+
+RENDERERS: dict[str, Callable[[Path], str]] = {
+    "demo": demo_block,
+    "real_vocab": real_vocab_block,
+    "suite": suite_block,
+}
 
 
 def render(text: str, root: Path) -> tuple[str, set[str]]:
@@ -89,8 +104,8 @@ def render(text: str, root: Path) -> tuple[str, set[str]]:
 
 
 def pages(root: Path) -> list[Path]:
-    """The Markdown pages that may hold blocks: README.md and docs/*.md."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """The Markdown pages that may hold blocks: README.md and every page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def stale_pages(root: Path, write: bool) -> list[Path]:

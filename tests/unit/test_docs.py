@@ -51,7 +51,8 @@ def test_the_results_blocks_match_their_results_files() -> None:
 
 def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
     module = renderer()
-    for part in ("README.md", "docs", "bench/results/demo", "bench/results/real_vocab"):
+    results = ("bench/results/demo", "bench/results/real_vocab", "bench/results/suite")
+    for part in ("README.md", "docs", *results):
         source, target = REPO / part, tmp_path / part
         if source.is_dir():
             shutil.copytree(source, target)
