@@ -12,7 +12,7 @@
    ``--steps`` steps of ``--prompts`` x ``--completions`` completions of up to ``--new-tokens``
    tokens (default 2 x 3 x 8, the tests' steps) with the in-process vLLM engine; the
    median step after the first (rollout, and training: scoring, loss, backward, optimizer) and
-   the process's peak resident memory. The target (issue 46): the real-vocabulary step at most 3x
+   the process's peak resident memory. The target set for it: the real-vocabulary step at most 3x
    the local one.
 
 Usage: python bench/real_vocab_step.py [--steps 5] [--rows 64] [--positions 8] [--prompts 2]

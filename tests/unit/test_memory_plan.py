@@ -433,7 +433,7 @@ def test_an_oversized_engine_share_can_be_lowered() -> None:
 # -- reading configs ------------------------------------------------------------------------------
 def test_defaults_are_the_classes() -> None:
     """Every default the planner assumes for a key left out equals its class's default; keys the
-    classes do not have yet are the strategy's new ones (issue 16), checked once they exist."""
+    classes do not have yet are the sharded strategy's, checked once they exist."""
     from callbacks.rl_rollout import RolloutCallback
     from datamodules.longvideo_reason import LongVideoReasonDataModule
     from models.grpo import GRPOModule
@@ -484,7 +484,7 @@ def test_run_settings_of_a_real_config() -> None:
 
 
 def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
-    """Issue 16's starting point: grpo_7b.yaml under a replicating strategy with bf16-true, vLLM
+    """The sharded strategy's starting point: grpo_7b.yaml under a replicating strategy with bf16-true, vLLM
     awake at 0.4: ~110 GB per GPU before any activation, so it cannot fit 80 GB."""
     config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
     config["trainer"].update(strategy="ddp", precision="bf16-true")
