@@ -83,7 +83,61 @@ def suite_block(root: Path) -> str:
     )
 
 
+def plan_configs_block(root: Path) -> str:
+    """The plan of every shipped real-size config (bench/plan_configs.py's results)."""
+    report = json.loads((root / "bench" / "results" / "plan" / "configs.json").read_text())
+    lines = [
+        "| config | model | frames (visual tokens) | sequence-parallel | peak per GPU (phase) | headroom "
+        "| vLLM: KV needed / left in its share |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        name, _, variant = row["config"].partition(" ")
+        model = row["architecture"].rsplit("-", 1)[1].upper()
+        sp = (
+            f"{row['sequence_parallel']}, {row['attention'].capitalize()}"
+            if row["sequence_parallel"] > 1
+            else "1"
+        )
+        fits = "" if row["fits"] else " (does not fit)"
+        engine = row["vllm"]
+        kv = "no engine"
+        if engine:
+            needed, left = engine["kv_needed_gib"], engine["kv_available_gib"]
+            kv = f"{needed:.1f} / {left:.1f} GiB of {engine['reserved_gib']:.1f}"
+        label = f"`{name}`" + (f" {variant}" if variant else "")
+        peak = f"{row['peak_gib']:.1f} GiB ({row['peak_phase']})"
+        frames = f"{row['frames']:,} ({row['video_tokens']:,})"
+        lines.append(
+            f"| {label} | {model} | {frames} | {sp} | {peak} | {row['headroom_gib']:.1f} GiB{fits} | {kv} |"
+        )
+    return "\n".join(lines)
+
+
+def plan_check_block(root: Path) -> str:
+    """The planner against measured peaks on the CPU (bench/plan_check.py's results)."""
+    lines = [
+        "| attention | frames | processes | sequence-parallel | step: planned | measured | error "
+        "| validation: planned | measured | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    mib = 2**20
+    for name in ("ulysses-8f", "ulysses-64f", "ring-8f", "ring-64f"):
+        report = json.loads((root / "bench" / "results" / "plan_check" / f"{name}.json").read_text())
+        settings = report["settings"]
+        for row in report["rows"]:
+            lines.append(
+                f"| {settings['attention']} | {settings['frames']} | {row['world']} | {row['sp']} "
+                f"| {row['predicted'] / mib:.1f} MiB | {row['measured'] / mib:.1f} MiB | {row['error']:+.1%} "
+                f"| {row['predicted_validation'] / mib:.1f} MiB | {row['measured_validation'] / mib:.1f} MiB "
+                f"| {row['validation_error']:+.1%} |"
+            )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "plan_configs": plan_configs_block,
+    "plan_check": plan_check_block,
     "demo": demo_block,
     "real_vocab": real_vocab_block,
     "suite": suite_block,
