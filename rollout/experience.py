@@ -122,7 +122,8 @@ class PromptBatch:
     def of(cls, batch: dict[str, Any]) -> PromptBatch:
         """The prompt half of a :class:`~datamodules.collate.VideoQACollator` batch."""
         if "prompts" not in batch:
-            raise KeyError("the batch has no 'prompts' layouts: collate with with_generation_prompts=True")
+            # The collator lays the prompts out only when it knows the model's family (their positions).
+            raise KeyError("the batch has no 'prompts' layouts: build the VideoQACollator with family=")
         return cls(batch["prompts"], batch["meta"], batch["pixel_values_videos"], batch["video_grid_thw"])
 
     def __len__(self) -> int:
