@@ -9,6 +9,7 @@
    (frames per batch / step time, measured here too). A ratio above 1: decoding keeps up.
 
 Usage: python bench/data.py [--frames 64 1024] [--workers 1 4] [--minutes 60] [--fps 1] [--size 224]
+       [--out bench/results/data/pipeline.json]
 """
 
 from __future__ import annotations
@@ -135,7 +136,16 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224, help="side of the synthetic frames in pixels")
     parser.add_argument("--copies", type=int, default=8, help="videos in the throughput shard")
     parser.add_argument("--batch-size", type=int, default=1, help="videos per training step")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
+    from evaluation.provenance import provenance
+
+    report: dict = {
+        **provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "video": {"minutes": args.minutes, "fps": args.fps, "size": args.size, "max_pixels": MAX_PIXELS},
+        "memory": [],
+        "throughput": [],
+    }
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -154,6 +164,7 @@ def main() -> None:
         for frames in args.frames:
             rss = peak_rss(path, frames)
             growth = (rss["peak_kib"] - rss["before_kib"]) / 1024
+            report["memory"].append({"frames": frames, **rss})
             print(
                 f"{frames:5d} frames: peak RSS {rss['peak_kib'] / 1024:6.1f} MiB (+{growth:5.1f} MiB over "
                 f"the {rss['before_kib'] / 1024:.1f} MiB after imports; the frames are "
@@ -177,12 +188,25 @@ def main() -> None:
             step = sft_step_seconds(model_dir, shard, frames, args.batch_size)
             consumed = args.batch_size * frames / step
             print(f"{frames:5d} frames: training step {step:.2f} s -> consumes {consumed:7.1f} frames/s")
+            delivered_by_workers = {}
             for workers in args.workers:
                 delivered = stream_frames_per_second(shard, frames, workers)
+                delivered_by_workers[str(workers)] = delivered
                 print(
                     f"      {workers} worker{'s' if workers > 1 else ' '}: decodes {delivered:7.1f} frames/s "
                     f"= x{delivered / consumed:.2f} what the step consumes"
                 )
+            report["throughput"].append(
+                {
+                    "frames": frames,
+                    "step_seconds": step,
+                    "consumed": consumed,
+                    "delivered": delivered_by_workers,
+                }
+            )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

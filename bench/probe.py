@@ -6,12 +6,13 @@ hour-long one (3,600 frames of 224x224 at 1 fps, a keyframe every 250 frames, as
 frames spread from the first to the last (seeking to the keyframe before each); the best of
 ``--repeats`` runs is printed, so other load on the machine inflates the figures less.
 
-Usage: python bench/probe.py [--frames 2 16 64] [--repeats 5]
+Usage: python bench/probe.py [--frames 2 16 64] [--repeats 5] [--out bench/results/data/probe.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -51,6 +52,7 @@ def main() -> None:
     )
     parser.add_argument("--frames", type=int, nargs="+", default=[2, 16, 64])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         videos = {
@@ -59,12 +61,23 @@ def main() -> None:
         }
         videos["64 frames 56x56"].write_bytes(short_video())
         videos["3,600 frames 224x224"].write_bytes(hour_long_video(60, 1.0, 224))
-        columns = [Column("video", "left"), *(Column(f"--probe-frames {n}") for n in args.frames)]
-        rows = [
-            (name, *(f"{best_seconds(path, n, args.repeats) * 1000:.0f} ms" for n in args.frames))
+        seconds = {
+            name: {n: best_seconds(path, n, args.repeats) for n in args.frames}
             for name, path in videos.items()
-        ]
-        print(render_table(Table(columns, rows)))
+        }
+    columns = [Column("video", "left"), *(Column(f"--probe-frames {n}") for n in args.frames)]
+    rows = [(name, *(f"{best[n] * 1000:.0f} ms" for n in args.frames)) for name, best in seconds.items()]
+    print(render_table(Table(columns, rows)))
+    if args.out:
+        from evaluation.provenance import provenance
+
+        report = {
+            **provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "repeats": args.repeats,
+            "best_seconds": {name: {str(n): s for n, s in best.items()} for name, best in seconds.items()},
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
