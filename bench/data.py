@@ -9,7 +9,7 @@
    (frames per batch / step time, measured here too). A ratio above 1: decoding keeps up.
 
 Usage: python bench/data.py [--frames 64 1024] [--workers 1 4] [--minutes 60] [--fps 1] [--size 224]
-       [--out bench/results/data/pipeline.json]
+       [--out bench/results/input_pipeline/pipeline.json]
 """
 
 from __future__ import annotations

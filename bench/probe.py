@@ -6,7 +6,7 @@ hour-long one (3,600 frames of 224x224 at 1 fps, a keyframe every 250 frames, as
 frames spread from the first to the last (seeking to the keyframe before each); the best of
 ``--repeats`` runs is printed, so other load on the machine inflates the figures less.
 
-Usage: python bench/probe.py [--frames 2 16 64] [--repeats 5] [--out bench/results/data/probe.json]
+Usage: python bench/probe.py [--frames 2 16 64] [--repeats 5] [--out bench/results/input_pipeline/probe.json]
 """
 
 from __future__ import annotations
