@@ -135,7 +135,75 @@ def plan_check_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def data_pipeline_block(root: Path) -> str:
+    """Decoding memory and input-path throughput of an hour-long video (bench/data.py's results)."""
+    report = json.loads((root / "bench" / "results" / "input_pipeline" / "pipeline.json").read_text())
+    video = report["video"]
+    count = int(video["minutes"] * 60 * video["fps"])
+    side = int(video["max_pixels"] ** 0.5)
+    lines = [
+        f"Measured with `{report['command']}` (commit {report['commit']}, {report['date']}, "
+        f"{report['machine']['cpu']}, {report['machine']['cores']} cores; an hour-long synthetic video, "
+        f"{count:,} frames of {video['size']}x{video['size']} at {video['fps']:g} fps, H.264, frames resized "
+        f"into {side}x{side} as in the demo):",
+        "",
+        "| sampled frames | peak RSS | growth over the process after imports | the frames themselves "
+        "| decode time |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["memory"]:
+        growth = (row["peak_kib"] - row["before_kib"]) / 1024
+        lines.append(
+            f"| {row['frames']:,} | {row['peak_kib'] / 1024:.1f} MiB | +{growth:.1f} MiB "
+            f"| {row['frames_bytes'] / 2**20:.1f} MiB | {row['seconds']:.2f} s |"
+        )
+    workers = list(report["throughput"][0]["delivered"])
+    lines += [
+        "",
+        "Throughput of the training input path (`VideoQAStream` in a `DataLoader`: read, decode, resize)",
+        "against what a CoT-SFT step of the `small` model consumes (frames per batch / step time,",
+        "measured in the same run):",
+        "",
+        "| sampled frames | step consumes | "
+        + " | ".join(f"{w} worker{'s' if w != '1' else ''}" for w in workers)
+        + " |",
+        "|---:|---:|" + "---:|" * len(workers),
+    ]
+    for row in report["throughput"]:
+        cells = [
+            f"{row['delivered'][w]:,.0f} frames/s (x{row['delivered'][w] / row['consumed']:.2f})"
+            for w in workers
+        ]
+        lines.append(
+            f"| {row['frames']:,} | {row['consumed']:,.0f} frames/s ({row['step_seconds']:.2f} s/step) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def probe_block(root: Path) -> str:
+    """The build's video probe cost by decoded frames (bench/probe.py's results)."""
+    report = json.loads((root / "bench" / "results" / "input_pipeline" / "probe.json").read_text())
+    counts = list(next(iter(report["best_seconds"].values())))
+    lines = [
+        f"**Probe cost** per video, measured with `{report['command']}` (best of {report['repeats']} probes; "
+        f"commit {report['commit']}, {report['date']}, {report['machine']['cpu']}, "
+        f"{report['machine']['cores']} cores):",
+        "",
+        "| video | "
+        + " | ".join(f"`--probe-frames {n}`" + (" (default)" if n == "16" else "") for n in counts)
+        + " |",
+        "|---|" + "---:|" * len(counts),
+    ]
+    for name, best in report["best_seconds"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{best[n] * 1000:.0f} ms" for n in counts) + " |")
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "probe": probe_block,
+    "data_pipeline": data_pipeline_block,
     "plan_configs": plan_configs_block,
     "plan_check": plan_check_block,
     "demo": demo_block,
