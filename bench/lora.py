@@ -13,7 +13,7 @@ Per mode (full fine-tuning, then LoRA with the given rank on the language model'
   ``--threads`` threads (1 by default, so CPU seconds are compute seconds).
 
 Usage: python bench/lora.py [--model DIR] [--rank 16] [--alpha 32] [--batch 4] [--frames 8]
-       [--steps 5] [--threads 1]
+       [--steps 5] [--threads 1] [--out bench/results/lora/<name>.json]
 Without ``--model`` the ``small`` preset is built into a temporary directory (as
 ``lvrl model build --preset small`` does).
 """
@@ -21,6 +21,7 @@ Without ``--model`` the ``small`` preset is built into a temporary directory (as
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,6 +134,18 @@ def main() -> None:
             f"| {name} | {row['trainable']:,} ({share:.1%}) | {row['grad_bytes'] / MIB:.2f} MiB | "
             f"{row['adam_bytes'] / MIB:.2f} MiB | {references[name] / MIB:.2f} MiB | {row['step_s']:.3f} |"
         )
+    if args.out:
+        from evaluation.provenance import provenance
+
+        settings = {k: v for k, v in vars(args).items() if k not in ("out", "model")}
+        report = {
+            **provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "model": str(args.model) if args.model else "small preset",
+            "settings": settings,
+            "modes": [{"mode": name, **row, "reference_bytes": references[name]} for name, row in rows.items()],
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":
