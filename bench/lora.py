@@ -142,7 +142,9 @@ def main() -> None:
             **provenance([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "model": str(args.model) if args.model else "small preset",
             "settings": settings,
-            "modes": [{"mode": name, **row, "reference_bytes": references[name]} for name, row in rows.items()],
+            "modes": [
+                {"mode": name, **row, "reference_bytes": references[name]} for name, row in rows.items()
+            ],
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
