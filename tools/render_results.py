@@ -201,7 +201,33 @@ def probe_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def lora_block(root: Path) -> str:
+    """LoRA against full fine-tuning on the small preset (bench/lora.py's results)."""
+    report = json.loads((root / "bench" / "results" / "lora" / "small.json").read_text())
+    settings, mib = report["settings"], 2**20
+    lines = [
+        f"On the `small` preset (built by the script, as `lvrl model build --preset small` does), one SFT "
+        f"step (forward, backward, AdamW) on {settings['batch']} synthetic video QA samples of "
+        f"{settings['frames']} frames, float32, CPU seconds on {settings['threads']} thread(s), median of "
+        f"{settings['steps']} steps; `{report['command']}` at {report['commit']} ({report['date']}, "
+        f"{report['machine']['cpu']}):",
+        "",
+        "| | trainable parameters | gradient bytes | AdamW state bytes | GRPO reference copy "
+        "| step (CPU s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["modes"]:
+        share = row["trainable"] / row["parameters"]
+        lines.append(
+            f"| {row['mode']} | {row['trainable']:,} ({share:.1%}) | {row['grad_bytes'] / mib:.2f} MiB "
+            f"| {row['adam_bytes'] / mib:.2f} MiB | {row['reference_bytes'] / mib:.2f} MiB "
+            f"| {row['step_s']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "lora": lora_block,
     "probe": probe_block,
     "data_pipeline": data_pipeline_block,
     "plan_configs": plan_configs_block,

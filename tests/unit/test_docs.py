@@ -52,7 +52,7 @@ def test_the_results_blocks_match_their_results_files() -> None:
 def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
     module = renderer()
     results = ("bench/results/demo", "bench/results/real_vocab", "bench/results/suite", "bench/results/plan")
-    results += ("bench/results/input_pipeline",)
+    results += ("bench/results/input_pipeline", "bench/results/lora")
     results += ("bench/results/plan_check",)
     for part in ("README.md", "docs", *results):
         source, target = REPO / part, tmp_path / part
