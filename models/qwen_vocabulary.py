@@ -23,7 +23,13 @@ from __future__ import annotations
 from importlib import resources
 from typing import TYPE_CHECKING
 
-from models.tokenizer import DEFAULT_SYSTEM_MESSAGE, SPECIAL_TOKENS, chat_template, wrap_tokenizer
+from models.tokenizer import (
+    DEFAULT_SYSTEM_MESSAGE,
+    PRETOKENIZE_REGEX,
+    SPECIAL_TOKENS,
+    chat_template,
+    wrap_tokenizer,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -33,11 +39,6 @@ REAL_VOCAB_SIZE = 151_936
 FIRST_ADDED_ID = 151_643
 """Id of the first added token (``<|endoftext|>``): the ranks end just before it."""
 
-# Qwen2's pre-tokenization: as in models.tokenizer, with single digits.
-QWEN_SPLIT_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 # After the 14 special tokens (models.tokenizer.SPECIAL_TOKENS), in id order; none is special.
 QWEN2_5_ADDED_TEXT_TOKENS: tuple[str, ...] = (
     "<tool_call>",
@@ -85,7 +86,7 @@ def qwen_tokenizer(family: str, default_system_turn: bool) -> PreTrainedTokenize
 
     if family not in ADDED_TEXT_TOKENS:
         raise ValueError(f"no published Qwen vocabulary for family {family!r}")
-    backend = TikTokenConverter(vocab_file=ranks_path(), pattern=QWEN_SPLIT_PATTERN).converted()
+    backend = TikTokenConverter(vocab_file=ranks_path(), pattern=PRETOKENIZE_REGEX).converted()
     backend.normalizer = normalizers.NFC()
     if backend.get_vocab_size() != FIRST_ADDED_ID:
         raise RuntimeError(f"{ranks_path()} holds {backend.get_vocab_size()} ranks, not {FIRST_ADDED_ID}")

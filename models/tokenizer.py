@@ -56,7 +56,7 @@ DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
 # Qwen2's pre-tokenization split: contractions, letter runs (with one leading non-letter),
 # single digits, punctuation runs, newlines, whitespace. Single digits matter for timestamps:
 # "01:23" is always five tokens, so numbers never fuse into arbitrary merges.
-_PRETOKENIZE_REGEX = (
+PRETOKENIZE_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
@@ -181,7 +181,7 @@ def train_tokenizer(
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -153,14 +153,16 @@ def _check_reusable(
 ) -> None:
     """Refuse ``out``'s model unless it is of ``family`` with ``sizes_wanted`` (hidden size, layers)
     and the ``tokenizer`` asked for."""
+    from models.qwen_vocabulary import FIRST_ADDED_ID  # light: no tokenizer is built at import
+
     try:
         config = json.loads((out / "config.json").read_text())
         built_family = config["model_type"]
         text = config.get("text_config", config)  # transformers 5 nests it; older files do not
         sizes = (text["hidden_size"], text["num_hidden_layers"])
-        # Qwen's published vocabulary has its added tokens from id 151643 on; a local one far below.
+        # Qwen's published vocabulary has its added tokens from FIRST_ADDED_ID on; a local one far below.
         added = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
-        built_tokenizer = "qwen" if min(token["id"] for token in added) >= 151_643 else "local"
+        built_tokenizer = "qwen" if min(token["id"] for token in added) >= FIRST_ADDED_ID else "local"
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SystemExit(
             f"lvrl model build: error: --reuse: {out}/config.json is not a model config ({error!r})"
