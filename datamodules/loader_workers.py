@@ -33,6 +33,7 @@ import multiprocessing
 import multiprocessing.util  # registers its exit clean-up first, so that ours runs before it
 import os
 import signal
+import sys
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -96,5 +97,25 @@ def serve_until_ended(flag: Any, chained: Callable[[int], None] | None, worker_i
         received.append(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # Registered before the user's function, so that its own exit handlers run first.
+    atexit.register(leave_without_native_clean_up, flag)
     if chained is not None:
         chained(worker_id)
+
+
+def leave_without_native_clean_up(flag: Any) -> None:
+    """At a worker's exit, once its trainer has ended the pass: leave with status 0 now.
+
+    A spawned worker ends with ``sys.exit``, so after Python's exit handlers come the native
+    libraries' (C++ static destructors): one of them, under load, aborted a finished worker
+    ("terminate called without an active exception", status -6), which the trainer would read
+    as a crash. Python's handlers have run by then and the worker has nothing left to hand
+    over, so it skips the native ones. A worker whose pass was not ended (its trainer died)
+    exits the usual way.
+    """
+    if not flag.value:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os._exit(0)

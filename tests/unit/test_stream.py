@@ -221,6 +221,29 @@ def test_a_teardown_ends_the_pass_the_trainer_stopped_reading(synth_dir: Path, t
         next(batches)
 
 
+def test_a_worker_whose_pass_ended_skips_native_exit_handlers(synth_dir: Path, tiny_model_dir: Path) -> None:
+    # A native clean-up that aborts at exit (seen once under load: "terminate called without an
+    # active exception", status -6) must not turn a finished worker's end into a crash.
+    from datamodules.stream import EpochAwareDataLoader
+    from tests.helpers.native_exit import register_native_abort_at_exit
+
+    data = one_worker_loader(synth_dir, tiny_model_dir)
+    loader = EpochAwareDataLoader(
+        data.datasets["train"],
+        batch_size=1,
+        num_workers=1,
+        collate_fn=list,
+        worker_init_fn=register_native_abort_at_exit,
+        multiprocessing_context="spawn",
+    )
+    before = set(multiprocessing.active_children())
+    assert len(next(iter(loader))) == 1
+    (worker,) = set(multiprocessing.active_children()) - before
+    loader.close()  # the trainer ends the pass: its switch is set, torch shuts the worker down
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+
+
 def test_the_pixel_values_stay_on_the_host_when_a_batch_moves_to_the_device(
     synth_dir: Path, tiny_model_dir: Path
 ) -> None:
