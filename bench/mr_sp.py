@@ -38,6 +38,7 @@ ring: ring attention in contiguous slices vs the balanced zigzag layout, at ``--
 Usage: python bench/mr_sp.py [--parts memory step ring] [--preset tiny] [--sizes 1 2 4]
        [--tokens 16384] [--budget-mib 256] [--frames 64 256 1024] [--step-sizes 4]
        [--attention ulysses] [--ring-sizes 2 4] [--ring-tokens 8192]
+       [--out bench/results/mr_sp/<name>.json]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from bench.real_width import build_real_width_model_dir, describe, tokens_per_frame  # noqa: E402
 from bench.synthetic_video import video_inputs  # noqa: E402
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
+from evaluation.provenance import provenance  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
 from models.families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402
@@ -281,21 +283,80 @@ def worker(
     dist.destroy_process_group()
 
 
-def print_memory(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+def memory_rows(results: dict[int, list[dict]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per sequence-parallel size: rank 0's saved activations, peak RSS growth and longest row."""
     sizes = [s for s in sorted(results) if s in args.sizes]
-    base = results[sizes[0]][0]
+    base = results[sizes[0]][0]["saved"]
+    return [
+        {
+            "size": size,
+            "saved_mib": results[size][0]["saved"] / 2**20,
+            "saved_over_first": results[size][0]["saved"] / base,
+            "peak_rss_growth_mib": results[size][0]["rss"] / 2**20,
+            "longest_tokens_within_budget": results[size][0]["longest"],
+        }
+        for size in sizes
+    ]
+
+
+def step_rows(results: dict[int, list[dict]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per size and frame count: the ranks' measured seconds and the counted naive step."""
+    naive = len(NAIVE_PASSES) * args.generations
+    rows = []
+    for size in sorted(s for s in results if s in args.step_sizes):
+        for frames in args.frames:
+            ranks = [r["step"][str(frames)] for r in results[size]]
+            whole = sum(r["share"] for r in ranks)
+            row: dict[str, Any] = {
+                "size": size,
+                "frames": frames,
+                "video_tokens": ranks[0]["video_tokens"],
+                "share_s": [r["share"] for r in ranks],
+                "gather_s": max(r["gather"] for r in ranks),
+                "whole_video_encoding_s": whole,
+                "passes_s": max(r["passes"] for r in ranks),
+                "mr_sp_step_s": max(r["share"] + r["gather"] + r["passes"] for r in ranks),
+                "re_encoding_step_s": max(naive * whole + r["passes"] for r in ranks),
+                "mr_sp_wall_s": max(r["wall"] for r in ranks),
+            }
+            row["ratio"] = row["re_encoding_step_s"] / row["mr_sp_step_s"]
+            if "passes_whole" in ranks[0]:
+                row["passes_rows_whole_s"] = max(r["passes_whole"] for r in ranks)
+            rows.append(row)
+    return rows
+
+
+def ring_rows(results: dict[int, list[dict]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per size and layout: each rank's CPU seconds and attention scores (x rank 0's), the wall."""
+    rows = []
+    for size in sorted(s for s in results if s in args.ring_sizes):
+        ranks = [r["ring"] for r in results[size]]
+        for layout in LAYOUTS:
+            scores = [r[layout]["scores"] for r in ranks]
+            rows.append(
+                {
+                    "size": size,
+                    "layout": layout,
+                    "cpu_s": [r[layout]["cpu"] for r in ranks],
+                    "scores_over_rank0": [score / scores[0] for score in scores],
+                    "wall_s": max(r[layout]["wall"] for r in ranks),
+                }
+            )
+    return rows
+
+
+def print_memory(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n== memory: {args.preset} model, {args.attention} attention, one row of {args.tokens} tokens")
-    for size in sizes:
-        result = results[size][0]
+    for row in rows:
         print(
-            f"  size {size}: saved activations {result['saved'] / 2**20:8.1f} MiB per rank "
-            f"(x{result['saved'] / base['saved']:.2f} of size {sizes[0]}), peak RSS growth "
-            f"{result['rss'] / 2**20:7.1f} MiB; "
-            f"longest row within {args.budget_mib} MiB: {result['longest']} tokens"
+            f"  size {row['size']}: saved activations {row['saved_mib']:8.1f} MiB per rank "
+            f"(x{row['saved_over_first']:.2f} of size {rows[0]['size']}), peak RSS growth "
+            f"{row['peak_rss_growth_mib']:7.1f} MiB; "
+            f"longest row within {args.budget_mib} MiB: {row['longest_tokens_within_budget']} tokens"
         )
 
 
-def print_steps(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+def print_steps(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     naive = len(NAIVE_PASSES) * args.generations
     print(
         f"\n== RL step, G={args.generations}, {args.attention} attention, frames {args.side}x{args.side} "
@@ -309,50 +370,33 @@ def print_steps(results: dict[int, list[dict]], args: argparse.Namespace) -> Non
         f"  counted: a whole-video encoding = the sum of the ranks' shares; re-encoding = {naive} of them "
         f"({args.generations} each for: {', '.join(NAIVE_PASSES)}) + the rank's passes"
     )
-    for size in sorted(s for s in results if s in args.step_sizes):
-        for frames in args.frames:
-            ranks = [r["step"][str(frames)] for r in results[size]]
-            whole = sum(r["share"] for r in ranks)
-            passes = max(r["passes"] for r in ranks)
-            mrsp = max(r["share"] + r["gather"] + r["passes"] for r in ranks)
-            baseline = max(naive * whole + r["passes"] for r in ranks)
+    for row in rows:
+        print(
+            f"  size {row['size']}, {row['frames']:5d} frames ({row['video_tokens']} video tokens): encode "
+            f"share {min(row['share_s']):.1f}-{max(row['share_s']):.1f} s + all-gather "
+            f"{row['gather_s']:.2f} s "
+            f"(whole video {row['whole_video_encoding_s']:.1f} s), passes (prompt shared) "
+            f"{row['passes_s']:.2f} s -> MR-SP {row['mr_sp_step_s']:.1f} s vs re-encoding "
+            f"{row['re_encoding_step_s']:.0f} s: x{row['ratio']:.1f} (MR-SP wall {row['mr_sp_wall_s']:.1f} s)"
+        )
+        if "passes_rows_whole_s" in row:
             print(
-                f"  size {size}, {frames:5d} frames ({ranks[0]['video_tokens']} video tokens): encode share "
-                f"{min(r['share'] for r in ranks):.1f}-{max(r['share'] for r in ranks):.1f} s + all-gather "
-                f"{max(r['gather'] for r in ranks):.2f} s (whole video {whole:.1f} s), "
-                f"passes (prompt shared) {passes:.2f} s -> MR-SP {mrsp:.1f} s vs re-encoding "
-                f"{baseline:.0f} s: x{baseline / mrsp:.1f} (MR-SP wall {max(r['wall'] for r in ranks):.1f} s)"
+                f"      passes with every row whole {row['passes_rows_whole_s']:.2f} s: "
+                f"x{row['passes_rows_whole_s'] / row['passes_s']:.1f} the shared-prompt passes"
             )
-            if "passes_whole" in ranks[0]:
-                rows_whole = max(r["passes_whole"] for r in ranks)
-                naive_whole = max(naive * whole + r["passes_whole"] for r in ranks)
-                print(
-                    f"      passes with every row whole {rows_whole:.2f} s: x{rows_whole / passes:.1f} "
-                    f"the shared-prompt passes; MR-SP vs re-encoding and rows whole x{naive_whole / mrsp:.1f}"
-                )
 
 
-def print_ring(results: dict[int, list[dict]], args: argparse.Namespace) -> None:
+def print_ring(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(
         f"\n== ring attention layouts: {args.preset} model, one row of {args.ring_tokens} tokens, "
         "forward + backward; per-rank CPU seconds, one thread a rank"
     )
-    for size in sorted(s for s in results if s in args.ring_sizes):
-        ranks = [r["ring"] for r in results[size]]
-        slowest = {}
-        for layout in LAYOUTS:
-            cpu = [r[layout]["cpu"] for r in ranks]
-            scores = [r[layout]["scores"] for r in ranks]
-            slowest[layout] = max(cpu)
-            print(
-                f"  size {size}, {layout:10s}: CPU per rank {' '.join(f'{c:5.2f}' for c in cpu)} s "
-                f"(slowest {max(cpu):.2f} s), attention scores per rank "
-                f"{' '.join(f'{s / scores[0]:.2f}' for s in scores)} x rank 0's, "
-                f"wall {max(r[layout]['wall'] for r in ranks):.2f} s"
-            )
+    for row in rows:
         print(
-            f"  size {size}: slowest rank, contiguous / zigzag = "
-            f"x{slowest['contiguous'] / slowest['zigzag']:.2f}"
+            f"  size {row['size']}, {row['layout']:10s}: CPU per rank "
+            f"{' '.join(f'{c:5.2f}' for c in row['cpu_s'])} s (slowest {max(row['cpu_s']):.2f} s), attention "
+            f"scores per rank {' '.join(f'{s:.2f}' for s in row['scores_over_rank0'])} x rank 0's, "
+            f"wall {row['wall_s']:.2f} s"
         )
 
 
@@ -377,6 +421,7 @@ def main() -> None:
     parser.add_argument("--ring-sizes", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--ring-tokens", type=int, default=8192, help="row length for the ring layouts")
     parser.add_argument("--ring-repeats", type=int, default=2, help="runs per layout (the best counts)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     started = time.perf_counter()
     sizes = sorted(
@@ -401,13 +446,24 @@ def main() -> None:
             )
             results[size] = json.loads(out.read_text())
             print(f"size {size}: measured in {time.perf_counter() - begun:.0f} s", flush=True)
+    report: dict[str, Any] = {
+        **provenance(["python", *sys.argv]),
+        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+    }
     if "memory" in args.parts:
-        print_memory(results, args)
+        report["memory"] = memory_rows(results, args)
+        print_memory(report["memory"], args)
     if "step" in args.parts:
-        print_steps(results, args)
+        report["step"] = step_rows(results, args)
+        print_steps(report["step"], args)
     if "ring" in args.parts:
-        print_ring(results, args)
-    print(f"\nwhole run {time.perf_counter() - started:.0f} s")
+        report["ring"] = ring_rows(results, args)
+        print_ring(report["ring"], args)
+    report["wall_seconds"] = round(time.perf_counter() - started)
+    print(f"\nwhole run {report['wall_seconds']} s")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,13 @@ Figures are CPU seconds of the benchmark's process, computing on one thread (see
 
 Usage: python bench/rollout.py [--frames 64 256 1024] [--generations 8] [--vision-depth 2]
        [--side 224] [--engine-frames 64 256] [--whole-rows-frames 64 256]
+       [--out bench/results/rollout/<name>.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -50,6 +52,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 from bench.real_width import build_real_width_model_dir, describe, tokens_per_frame  # noqa: E402
 from bench.synthetic_video import video_inputs  # noqa: E402 (after the sys.path fix)
 from core.layout import PromptLayout, ScoringBatch  # noqa: E402 (after the sys.path fix)
+from evaluation.provenance import provenance  # noqa: E402
 from models.families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
 from models.logprobs import completion_logprobs  # noqa: E402 (after the sys.path fix)
@@ -128,32 +131,45 @@ def measure(
     return out
 
 
-def report(m: dict[str, Any], generations: int) -> str:
-    """The figures of one frame count, saying which were measured and which counted."""
+def summary(m: dict[str, Any], generations: int) -> dict[str, Any]:
+    """One frame count's measured figures with the steps they count up to (see the module docstring)."""
     naive_encodes = len(NAIVE_PASSES) * generations
     once = m["encode"] + m["vllm"] + m["passes"]
     naive = naive_encodes * m["encode"] + m["vllm"] + m["passes"]
     # A naive trainer whose engine encodes once for its G samples (vLLM's n): 3 G + 1 passes.
     engine_once = (naive_encodes - generations + 1) * m["encode"] + m["vllm"] + m["passes"]
+    return {
+        **m,
+        "naive_encodes": naive_encodes,
+        "step_encode_once": once,
+        "step_re_encoding": naive,
+        "ratio": naive / once,
+        "ratio_engine_encodes_once": engine_once / once,
+    }
+
+
+def report(s: dict[str, Any], generations: int) -> str:
+    """The figures of one frame count, saying which were measured and which counted."""
     lines = [
-        f"{m['frames']} frames: {m['video_tokens']} video tokens, a prompt of {m['prompt_tokens']} tokens, "
-        f"G={generations} completions ({m['completion_tokens']} tokens)",
-        f"  measured: vision-tower pass {m['encode']:.2f} s; vLLM rollouts {m['vllm']:.2f} s; "
-        f"reference + policy passes (prompt shared) {m['passes']:.2f} s",
-        f"  counted: re-encoding = {naive_encodes} vision-tower passes ({generations} each for: "
+        f"{s['frames']} frames: {s['video_tokens']} video tokens, a prompt of {s['prompt_tokens']} tokens, "
+        f"G={generations} completions ({s['completion_tokens']} tokens)",
+        f"  measured: vision-tower pass {s['encode']:.2f} s; vLLM rollouts {s['vllm']:.2f} s; "
+        f"reference + policy passes (prompt shared) {s['passes']:.2f} s",
+        f"  counted: re-encoding = {s['naive_encodes']} vision-tower passes ({generations} each for: "
         f"{', '.join(NAIVE_PASSES)}), each the measured pass",
-        f"  RL step: encode once {once:.2f} s vs re-encoding {naive:.2f} s -> x{naive / once:.2f} "
-        f"(x{engine_once / once:.2f} if the naive engine encodes once for its {generations} samples)",
+        f"  RL step: encode once {s['step_encode_once']:.2f} s vs re-encoding {s['step_re_encoding']:.2f} s "
+        f"-> x{s['ratio']:.2f} (x{s['ratio_engine_encodes_once']:.2f} if the naive engine encodes once "
+        f"for its {generations} samples)",
     ]
-    if "hf_rate" in m:
+    if "hf_rate" in s:
         lines.append(
-            f"  engines: vLLM {m['vllm_rate']:.0f} tok/s vs transformers {m['hf_rate']:.0f} tok/s "
-            f"-> x{m['vllm_rate'] / m['hf_rate']:.1f}"
+            f"  engines: vLLM {s['vllm_rate']:.0f} tok/s vs transformers {s['hf_rate']:.0f} tok/s "
+            f"-> x{s['vllm_rate'] / s['hf_rate']:.1f}"
         )
-    if "whole_rows" in m:
+    if "whole_rows" in s:
         lines.append(
-            f"  reference + policy passes: prompt shared {m['passes']:.2f} s vs every row whole "
-            f"{m['whole_rows']:.2f} s -> x{m['whole_rows'] / m['passes']:.1f}"
+            f"  reference + policy passes: prompt shared {s['passes']:.2f} s vs every row whole "
+            f"{s['whole_rows']:.2f} s -> x{s['whole_rows'] / s['passes']:.1f}"
         )
     return "\n".join(lines)
 
@@ -169,6 +185,7 @@ def main() -> None:
     parser.add_argument("--side", type=int, default=224, help="frame side in pixels (a multiple of 28)")
     parser.add_argument("--engine-frames", nargs="*", type=int, default=[64, 256])
     parser.add_argument("--whole-rows-frames", nargs="*", type=int, default=[64, 256])
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON here")
     args = parser.parse_args()
     from rollout.vllm_engine import VLLMEngine
 
@@ -198,9 +215,22 @@ def main() -> None:
         measure(model, processor, (vllm, hf), 8, sampling, warmup)  # allocators, kernels, engine
         results = []
         for frames in args.frames:
-            results.append(measure(model, processor, (vllm, hf), frames, sampling, args))
+            results.append(
+                summary(measure(model, processor, (vllm, hf), frames, sampling, args), args.generations)
+            )
             print(report(results[-1], args.generations), flush=True)
-    print(f"\nwhole run {time.perf_counter() - started:.0f} s")
+    wall = round(time.perf_counter() - started)
+    print(f"\nwhole run {wall} s")
+    if args.out:
+        settings = {k: v for k, v in vars(args).items() if k != "out"}
+        out = {
+            **provenance(["python", *sys.argv]),
+            "settings": settings,
+            "frames": results,
+            "wall_seconds": wall,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
