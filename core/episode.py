@@ -91,6 +91,9 @@ class Episode:
     """Tool replies so far (one per request answered, served or not)."""
     served_frames: int = 0
     """Source frames the replies held, all together."""
+    served_spans: list[tuple[float, float]] = field(default_factory=list)
+    """The stretch of the video each served reply samples, in seconds, in order
+    (:attr:`core.frame_requests.FramePlan.span`)."""
     finish_reason: str = ""
     """How the last turn ended: ``stop`` (end of turn or a request) or ``length``."""
 

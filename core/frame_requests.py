@@ -27,7 +27,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -142,6 +142,16 @@ class FramePlan:
     def timestamps(self) -> tuple[float, ...]:
         """The true time of each frame, in seconds."""
         return tuple(i / self.source_fps for i in self.frame_indices)
+
+    @property
+    def span(self) -> tuple[float, float]:
+        """The stretch the frames sample, in seconds: from the first frame's time to one interval
+        past the last, so 16 frames at 1 fps from 32 s cover 32-48 s.
+
+        >>> FramePlan((32, 40, 48), source_fps=8.0).span
+        (4.0, 7.0)
+        """
+        return (self.timestamps[0], self.timestamps[-1] + self.interval)
 
     @property
     def interval(self) -> float:
@@ -259,6 +269,8 @@ class EpisodeFrames:
     budget: FrameBudget
     calls: int = 0
     frames: int = 0
+    served: list[FramePlan] = field(default_factory=list)
+    """The plans of the requests served so far, in order."""
 
     def serve(self, body: str, *, source_fps: float, num_frames: int) -> FramePlan:
         """The frames for the request ``body`` (a call's text), counted against the budget.
@@ -273,7 +285,13 @@ class EpisodeFrames:
         allowed = min(self.budget.frames_per_call, self.budget.frames_per_episode - self.frames)
         plan = plan_frames(request, source_fps=source_fps, num_frames=num_frames, frames_allowed=allowed)
         self.frames += len(plan.frame_indices)
+        self.served.append(plan)
         return plan
+
+    def unserve(self) -> None:
+        """Take back the last served plan (its frames could not be read): it costs no budget."""
+        plan = self.served.pop()
+        self.frames -= len(plan.frame_indices)
 
 
 def clock(seconds: float) -> str:

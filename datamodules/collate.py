@@ -158,6 +158,7 @@ class VideoQACollator:
                     "num_frames": len(s.video.frame_indices),
                     "stream": (s.epoch, s.worker, s.position),
                     "duration": s.video.duration,
+                    "relevant_span_s": s.row.relevant_span_s,
                     "frame_source": stored_video(s, self.tool_traces) if self.tool_traces else None,
                 }
                 for s in samples
@@ -218,7 +219,7 @@ class VideoQACollator:
                 if trace is not None:
                     pixels.append(trace.pixel_values_videos)
                     grids.append(trace.video_grid_thw)
-                    seconds.append(trace.second_per_grid)
+                    seconds.extend(trace.seconds_per_grid)
             batch["target_pixel_values_videos"] = torch.cat(pixels)
             batch["target_video_grid_thw"] = torch.cat(grids)
             batch["target_second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float32)

@@ -55,6 +55,22 @@ class QARow:
         return self.problem_type == MULTIPLE_CHOICE
 
     @property
+    def relevant_span_s(self) -> tuple[float, float] | None:
+        """The stretch of the video (seconds) that holds the answer, when the data says so
+        (``extra["relevant_span_s"]``; the zoom task's rows before that key: its ``span_s``).
+        Tool-use evaluations report how much of it the answer's requests covered."""
+        span = self.extra.get("relevant_span_s")
+        if span is None and isinstance(self.extra.get("zoom"), dict):
+            span = self.extra["zoom"].get("span_s")
+        if not (isinstance(span, list | tuple) and len(span) == 2):
+            return None
+        try:
+            start, end = float(span[0]), float(span[1])
+        except (TypeError, ValueError):
+            return None
+        return (start, end) if 0 <= start < end < float("inf") else None
+
+    @property
     def answer_index(self) -> int:
         """Index of the correct option (multiple choice only)."""
         return OPTION_LETTERS.index(self.answer)

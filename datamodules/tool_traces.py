@@ -1,11 +1,12 @@
 """CoT-SFT targets that demonstrate frame requests: the tool traces of the zoom task's rows.
 
-A row may carry ``extra["tool_trace"]`` (:mod:`datatools.zoom_task` writes one from its ground
-truth): a first turn that reasons where to look and asks for a span, and the reasoning of the last
-turn about what the reply shows. The target taught is the whole episode, as a rollout would play
-it: the first turn (ending with the request), the tool's reply with the requested frames decoded
-from the sample's video (tokenised and placed exactly as :mod:`rollout.episodes` does, so SFT and
-RL see the same layout; read, not trained), then the last turn with the answer.
+A row may carry ``extra["tool_trace"]`` (:mod:`datatools.zoom_task` writes one): ``turns`` that
+each reason and end with a request for a span, the ``final_reasoning`` of the last turn about what
+the replies show, and its ``answer`` (the row's when absent). The target taught is the whole
+episode, as a rollout would play it: each turn (ending with its request), the tool's reply with
+the requested frames decoded from the sample's video (tokenised and placed exactly as
+:mod:`rollout.episodes` does, so SFT and RL see the same layout; read, not trained), then the last
+turn with the answer.
 
 A trace the tool could not serve (its request is rejected, or the video cannot be read there)
 is not taught: the row falls back to its direct target (reasoning and answer), with a warning
@@ -23,11 +24,11 @@ import numpy as np
 import torch
 
 from core.frame_requests import (
+    MALFORMED,
     UNREADABLE_FRAMES,
+    EpisodeFrames,
     FrameBudget,
     RequestRejected,
-    parse_request,
-    plan_frames,
     request_body,
     served_text,
 )
@@ -104,54 +105,76 @@ class TraceTarget:
 
     token_ids: list[int]
     trained: list[bool]
-    """False at the tool's reply (labels ignore it)."""
+    """False at the tool's replies (labels ignore them)."""
     video_slots: list[bool]
     pixel_values_videos: torch.Tensor
+    """The replies' segments, in order."""
     video_grid_thw: torch.Tensor
-    """``(1, 3)``: the reply's segment."""
-    second_per_grid: float
+    """``(segments, 3)``."""
+    seconds_per_grid: list[float]
+    """Per segment."""
+
+
+def trace_turns(trace: dict[str, Any]) -> list[str]:
+    """A trace's turns, each ending with a request (``turns``; a trace written before several
+    requests were taught has one ``first_turn``)."""
+    turns = trace.get("turns", [trace["first_turn"]] if "first_turn" in trace else [])
+    return [str(turn) for turn in turns] if isinstance(turns, list) else []
 
 
 def trace_target(
     processor: Any, family: ModelFamily, sample: VideoQASample, settings: ToolTraces, end_of_turn: str
 ) -> TraceTarget | None:
-    """The trace's target for ``sample``, or None when it has no trace or the tool cannot serve it."""
+    """The trace's target for ``sample``, or None when it has no trace or the tool cannot serve it.
+
+    Each turn's request is served as a rollout serves it (:class:`~core.frame_requests.EpisodeFrames`:
+    the calls and frames counted against ``settings.budget``), so a trace the budget would refuse
+    is not taught.
+    """
     trace = sample.row.extra.get("tool_trace")
-    if not isinstance(trace, dict) or sample.video_bytes is None:
+    source = stored_video(sample, settings)
+    if not isinstance(trace, dict) or source is None:
         return None
     tokenizer = processor.tokenizer
+    state = EpisodeFrames(settings.budget)
+    token_ids: list[int] = []
+    trained: list[bool] = []
+    slots: list[bool] = []
+    pixels, grids, seconds = [], [], []
     try:
-        body = request_body(str(trace.get("first_turn", "")))
-        if body is None:
-            raise RequestRejected("malformed", "the trace's first turn does not end with a request")
-        request = parse_request(body, settings.budget)
-        video = sample.video
-        plan = plan_frames(
-            request,
-            source_fps=video.fps,
-            num_frames=video.total_num_frames,
-            frames_allowed=min(settings.budget.frames_per_call, settings.budget.frames_per_episode),
-        )
-        source = stored_video(sample, settings)
-        assert source is not None
-        frames = source.read(plan.frame_indices)
+        turns = trace_turns(trace)
+        if not turns:
+            raise RequestRejected(MALFORMED, "the trace has no turns")
+        for turn in turns:
+            body = request_body(turn)
+            if body is None:
+                raise RequestRejected(MALFORMED, "a turn of the trace does not end with a request")
+            plan = state.serve(body, source_fps=source.source_fps, num_frames=source.num_frames)
+            frames = source.read(plan.frame_indices)
+            reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
+            assert reply.pixel_values_videos is not None and reply.video_grid_thw is not None
+            assert reply.second_per_grid is not None
+            asked = list(tokenizer(turn, add_special_tokens=False)["input_ids"])
+            token_ids += asked + reply.token_ids
+            trained += [True] * len(asked) + [False] * len(reply.token_ids)
+            slots += [False] * len(asked) + reply.video_slots
+            pixels.append(reply.pixel_values_videos)
+            grids.append(reply.video_grid_thw.reshape(1, 3))
+            seconds.append(reply.second_per_grid)
     except RequestRejected as error:
         log.warning(
             "sample %r: its tool trace cannot be served (%s); its direct target is taught", sample.key, error
         )
         return None
-    reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
-    assert reply.pixel_values_videos is not None and reply.video_grid_thw is not None
-    assert reply.second_per_grid is not None
-    first = list(tokenizer(str(trace["first_turn"]), add_special_tokens=False)["input_ids"])
     reasoning = str(trace.get("final_reasoning", "")).strip()
-    last_text = f"<think>{reasoning}</think>\n<answer>{sample.row.answer}</answer>"
+    answer = str(trace.get("answer", sample.row.answer))
+    last_text = f"<think>{reasoning}</think>\n<answer>{answer}</answer>"
     last = list(tokenizer(last_text + end_of_turn, add_special_tokens=False)["input_ids"])
     return TraceTarget(
-        first + reply.token_ids + last,
-        [True] * len(first) + [False] * len(reply.token_ids) + [True] * len(last),
-        [False] * len(first) + reply.video_slots + [False] * len(last),
-        reply.pixel_values_videos,
-        reply.video_grid_thw.reshape(1, 3),
-        reply.second_per_grid,
+        token_ids + last,
+        trained + [True] * len(last),
+        slots + [False] * len(last),
+        torch.cat(pixels),
+        torch.cat(grids),
+        seconds,
     )

@@ -41,13 +41,27 @@ overview (one frame every 8 s) falls on about a fifth of them, 32 frames on half
 each as a whole patch. Asking for the blue stretch at 1 fps (16 frames) serves every marker in it
 as both frames of one patch: the tool's 32-frame budget holds the answer, the overview does not.
 
-Each row carries two CoT-SFT targets built from the ground truth: ``reasoning`` for a model that
-sees the frames directly ("The blue stretch runs from 00:32 to 00:48. Markers by colour: red
-small at 00:35, green none, yellow none, white large at 00:41. In time order: red, white. First:
-red."), and ``extra["tool_trace"]``: the first turn that asks for the stretch (the reasoning that
-locates it, then the request in the tool's syntax) and the last turn's reasoning about what the
-reply shows (the same reading, each marker at the time of the frame it is seen in). The ground
-truth stays in ``extra["zoom"]``.
+Each row carries two CoT-SFT targets: ``reasoning`` for a model that sees the frames directly,
+from the ground truth ("The blue stretch runs from 00:32 to 00:48. Markers by colour: red small
+at 00:35, green none, yellow none, white large at 00:41. In time order: red, white. First:
+red."), and ``extra["tool_trace"]``, an episode of frame requests (:data:`TRACE_REQUESTS`):
+
+- ``random`` (the default): the trace does not know where the blue stretch is. Its turns ask for
+  stretches drawn at random (distinct, at ``request_fps``, from a generator of their own that
+  never sees the plan), up to ``trace_calls`` of them, stopping at the first reply that shows the
+  blue stretch; each later turn says the frames it got were grey. When a reply showed the blue
+  stretch, the last turn reads its markers and answers; when none did, it says so and guesses
+  a letter at random (an answer it could not have read is not taught as known). So SFT teaches
+  the tool's syntax, a search, and reading what the frames show, but not where to look: a
+  policy that asks where the overview shows blue has to be learned by RL, from the reward of
+  the answers that reading the right frames makes right.
+- ``oracle``: one turn that locates the stretch from the ground truth and asks for exactly it
+  (what the first version of the task taught: RL then only trains the reading).
+
+A turn is ``<think>...</think>`` then the request in the tool's syntax; a reading gives each marker
+at the time of the frame it is seen in. The ground truth stays in ``extra["zoom"]``, and the
+answer's stretch in ``extra["relevant_span_s"]`` (what evaluations measure requests against:
+:mod:`evaluation.spans`).
 
 Why the markers are looked up by colour: a trace that listed them in time order ("Markers: red
 small at 00:35, green large at 00:41.") taught sizes, times and counts but no colour in 2,400
@@ -72,7 +86,7 @@ from typing import Any
 import numpy as np
 
 from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME
-from core.qa import CATEGORIES
+from core.qa import CATEGORIES, OPTION_LETTERS
 from datamodules.rows import QARow
 from datatools.synthetic import (
     SPLITS,
@@ -101,6 +115,8 @@ COUNT_OPTIONS: tuple[str, ...] = ("0", "1", "2", "3")
 
 LISTED_TIMES = ("clock", "patch")
 """How a reading writes a marker's time (:attr:`ZoomConfig.listed_times`)."""
+TRACE_REQUESTS = ("random", "oracle")
+"""Where a tool trace's requests come from (:attr:`ZoomConfig.trace_requests`)."""
 
 QUESTIONS = {
     "Temporal": "Which marker colour appears first during the blue stretch?",
@@ -136,6 +152,10 @@ class ZoomConfig:
             show"). A reading without served frames (the dense target ``reasoning``) writes the
             patch a request at ``request_fps`` would serve. Videos and questions are the same
             either way; only the readings' text differs.
+        trace_requests: where the tool trace's requests come from (:data:`TRACE_REQUESTS`, see
+            the module docstring): ``random`` stretches, or the ``oracle`` one.
+        trace_calls: most requests of a ``random`` trace (a tool budget's ``max_calls`` must
+            allow them).
     """
 
     num_frames: int = 1024
@@ -148,10 +168,16 @@ class ZoomConfig:
     seed: int = 0
     noise: int = 0
     listed_times: str = "clock"
+    trace_requests: str = "random"
+    trace_calls: int = 2
 
     def __post_init__(self) -> None:
         if self.listed_times not in LISTED_TIMES:
             raise ValueError(f"listed_times must be one of {LISTED_TIMES}, got {self.listed_times!r}")
+        if self.trace_requests not in TRACE_REQUESTS:
+            raise ValueError(f"trace_requests must be one of {TRACE_REQUESTS}, got {self.trace_requests!r}")
+        if not 1 <= self.trace_calls <= self.slots:
+            raise ValueError(f"trace_calls must be between 1 and slots={self.slots}, got {self.trace_calls}")
         if self.size < 28 or self.size % 2:
             raise ValueError("size must be even and >= 28")
         if not (math.isfinite(self.fps) and self.fps > 0 and self.request_fps > 0):
@@ -200,6 +226,12 @@ def sample_rngs(
     # A different stream from the scenes task's with the same seed (the leading 1).
     plan, render = np.random.default_rng((1, config.seed, SPLITS.index(split), index)).spawn(2)
     return plan, render
+
+
+def trace_rng(config: ZoomConfig, split: str, index: int) -> np.random.Generator:
+    """The generator of one sample's random trace: its own stream (the leading 2), which never
+    sees the plan, so the stretches a trace asks for say nothing of where the blue one is."""
+    return np.random.default_rng((2, config.seed, SPLITS.index(split), index))
 
 
 def _place(rng: np.random.Generator, config: ZoomConfig, slot: int, count: int) -> list[int]:
@@ -313,6 +345,63 @@ def _reading(
     return f"{_seen(config, markers, frames)} {CONCLUSIONS[category]}: {value}."
 
 
+def slot_span(config: ZoomConfig, slot: int) -> tuple[float, float]:
+    """Seconds ``(start, end)`` of stretch ``slot``."""
+    return (slot * config.slot_frames / config.fps, (slot + 1) * config.slot_frames / config.fps)
+
+
+GREY_REPLY = "These frames are grey: not the blue stretch."
+NOT_FOUND = "The blue stretch was not in the frames I got, so I guess."
+FOUND = "These frames are the blue stretch."
+
+
+def tool_trace(
+    config: ZoomConfig,
+    split: str,
+    index: int,
+    category: str,
+    landmark: int,
+    markers: list[Marker],
+    answer: str,
+) -> dict[str, Any]:
+    """The row's tool trace (see the module docstring): ``turns`` (each ending with a request),
+    ``final_reasoning``, the last turn's ``answer`` and the ``requests`` made."""
+    if config.trace_requests == "oracle":
+        start_s, end_s = slot_span(config, landmark)
+        located = f"The blue stretch runs from {format_timestamp(start_s)} to {format_timestamp(end_s)}."
+        slots, found = [landmark], True
+        thoughts = [located]
+    else:
+        order = trace_rng(config, split, index).permutation(config.slots).tolist()
+        slots = order[: config.trace_calls]
+        if landmark in slots:
+            slots = slots[: slots.index(landmark) + 1]  # the search stops at the first blue reply
+        found = slots[-1] == landmark
+        thoughts = ["I need a closer look at one stretch."] + [GREY_REPLY] * (len(slots) - 1)
+    turns = [
+        f"<think>{thought}</think>\n{request_text(*slot_span(config, slot), config.request_fps)}"
+        for thought, slot in zip(thoughts, slots, strict=True)
+    ]
+    if found:
+        # What the requested frames show (a marker at the time of the frame it is seen in).
+        reading = _reading(config, category, markers, request_frames(config, landmark))
+        final = reading if config.trace_requests == "oracle" else f"{FOUND} {reading}"
+    else:
+        guess = trace_rng(config, split, index).spawn(1)[0]
+        options = question_of(category, markers)[0]
+        final, answer = f"{GREY_REPLY} {NOT_FOUND}", OPTION_LETTERS[int(guess.integers(len(options)))]
+    return {
+        "kind": config.trace_requests,
+        "turns": turns,
+        "final_reasoning": final,
+        "answer": answer,
+        "requests": [
+            {"start_s": slot_span(config, s)[0], "end_s": slot_span(config, s)[1], "fps": config.request_fps}
+            for s in slots
+        ],
+    }
+
+
 def request_text(start_s: float, end_s: float, fps: float) -> str:
     """A frames request in the tool's syntax (:mod:`core.frame_requests`)."""
     rate: float | int = int(fps) if float(fps).is_integer() else fps
@@ -325,8 +414,7 @@ def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.rand
     category = category_of(index)
     landmark, markers, distractors = plan_sample(config, category, plan_rng)
     options, answer = question_of(category, markers)
-    start_s = landmark * config.slot_frames / config.fps
-    end_s = (landmark + 1) * config.slot_frames / config.fps
+    start_s, end_s = slot_span(config, landmark)
     located = f"The blue stretch runs from {format_timestamp(start_s)} to {format_timestamp(end_s)}."
     key = sample_key(split, index)
     extra = {
@@ -336,12 +424,8 @@ def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.rand
             "markers": [asdict(m) for m in markers],
             "distractors": [asdict(m) for m in distractors],
         },
-        "tool_trace": {
-            "first_turn": f"<think>{located}</think>\n{request_text(start_s, end_s, config.request_fps)}",
-            # What the requested frames show (a marker at the time of the frame it is seen in).
-            "final_reasoning": _reading(config, category, markers, request_frames(config, landmark)),
-            "request": {"start_s": start_s, "end_s": end_s, "fps": config.request_fps},
-        },
+        "relevant_span_s": [start_s, end_s],
+        "tool_trace": tool_trace(config, split, index, category, landmark, markers, OPTION_LETTERS[answer]),
         "video_meta": video_meta(config.num_frames, config.fps, config.size),
     }
     question = Question(category, QUESTIONS[category], options, answer, "")

@@ -187,9 +187,11 @@ def _row_texts(row: Any) -> Iterator[str]:
         yield "\n".join(f"{'ABCDEFGH'[i % 8]}. {o}" for i, o in enumerate(options) if isinstance(o, str))
     trace = row.get("tool_trace")  # the zoom task's: its requests' JSON is worth merges too
     if isinstance(trace, dict):
-        for key in ("first_turn", "final_reasoning"):
-            if isinstance(trace.get(key), str):
-                yield trace[key]
+        texts = [trace.get("first_turn"), trace.get("final_reasoning")]
+        turns = trace.get("turns")
+        for text in [*texts, *(turns if isinstance(turns, list) else [])]:
+            if isinstance(text, str):
+                yield text
 
 
 TOKENIZERS = ("local", "qwen")

@@ -37,6 +37,7 @@ from evaluation.evaluator import (
     validation_printout,
     write_predictions,
 )
+from evaluation.spans import where_it_looked
 from models.export import save_hf_model
 from models.families import ModelFamily, family_of
 from models.loading import load_model, load_processor, model_skeleton
@@ -110,9 +111,11 @@ class VLMModule(L.LightningModule):
         weight_decay: AdamW weight decay.
         betas: AdamW betas.
         warmup_steps: linear warm-up steps from 0 to ``learning_rate``.
-        lr_schedule: ``constant`` after warm-up, or ``cosine`` decay to 10% over ``trainer.max_steps``.
+        lr_schedule: ``constant`` after warm-up, or ``cosine`` decay to a tenth of it over
+            ``trainer.max_steps``.
         freeze_vision: keep the vision tower's weights fixed.
-        gradient_checkpointing: recompute activations in backward (less memory, ~30% slower).
+        gradient_checkpointing: recompute activations in backward (less memory; each block's
+            forward runs again in backward).
         max_new_tokens: generation budget of a validation answer.
         val_samples: besides the greedy answer, sample this many answers per validation question
             at ``val_temperature`` and report ``val/sampled_accuracy`` (the mean fraction right:
@@ -138,10 +141,13 @@ class VLMModule(L.LightningModule):
             :mod:`rollout.episodes`, the code rollouts run): ``{max_calls, frames_per_call,
             frames_per_episode, default_fps}`` as the RL callback's ``tool_use``; the data needs
             ``tool_use: true``. Logs ``val/requests_per_answer`` and ``val/frames_per_answer``
-            (the overview's frames plus those served). None: single-turn answers.
+            (the overview's frames plus those served) and, where the data names the stretch that
+            holds each answer, ``val/span_coverage`` and ``val/span_hit_rate``
+            (:mod:`evaluation.spans`). None: single-turn answers.
         vision_patches_per_pass: the vision tower encodes at most this many patches at a time
-            (whole temporal patches), bounding its working set (a 7B run at 4,096 frames: 6.5 GiB
-            a GPU for 131,072 patches at once); the same embeddings. None: all of a step's at once.
+            (whole temporal patches), bounding its working set (for a 7B run at 4,096 frames the
+            planner's arithmetic gives 6.5 GiB a GPU for 131,072 patches at once: ``lvrl plan``);
+            the same embeddings. None: all of a step's at once.
     """
 
     def __init__(
@@ -490,9 +496,13 @@ class VLMModule(L.LightningModule):
                 {
                     "frame_requests": requests,
                     "frames_served": episode.served_frames,
+                    "served_spans_s": [list(span) for span in episode.served_spans],
+                    **where_it_looked(episode.served_spans, meta.get("relevant_span_s")),
                     "turns": tokenizer.decode(episode.sampled_ids, skip_special_tokens=True),
                 }
-                for requests, episode in zip(played.requests, played.episodes, strict=True)
+                for requests, episode, meta in zip(
+                    played.requests, played.episodes, batch["meta"], strict=True
+                )
             ]
         return [texts[k * n : (k + 1) * n] for k in range(len(requests))]
 
@@ -532,6 +542,19 @@ class VLMModule(L.LightningModule):
             self.log(
                 "val/frames_per_answer", frames, batch_size=size, sync_dist=True, add_dataloader_idx=False
             )
+            located = [r for r in self._val_tool_records if "span_coverage" in r]
+            if located:  # the data says which stretch holds each answer
+                for name, values in (
+                    ("val/span_coverage", [r["span_coverage"] for r in located]),
+                    ("val/span_hit_rate", [float(r["span_hit"]) for r in located]),
+                ):
+                    self.log(
+                        name,
+                        sum(values) / len(values),
+                        batch_size=len(values),
+                        sync_dist=True,
+                        add_dataloader_idx=False,
+                    )
         if "labels" in batch and dataloader_idx == primary_loader(self.trainer.datamodule):
             loss = self.token_mean_loss(batch)
             size = len(batch["meta"])

@@ -106,7 +106,7 @@ class FrameTool:
             try:
                 frames = video.read(plan.frame_indices)
             except RequestRejected as rejected:  # the source could not decode them
-                state.frames -= len(plan.frame_indices)  # nothing was served
+                state.unserve()  # nothing was served
                 return self._rejection(rejected)
             inputs = tokenize_reply(self.processor, self.family, served_text(plan), (plan, frames))
             assert inputs.pixel_values_videos is not None and inputs.video_grid_thw is not None
@@ -238,6 +238,7 @@ def run_episodes(
                 stats.rejected[reason] += 1
             episode.add_reply(inputs.reply(embeds))
             episode.served_frames = states[g][e].frames
+            episode.served_spans = [plan.span for plan in states[g][e].served]
             turns.append(TurnRequest(episode, requests[g].video))
         seed = None if sampling.seed is None else sampling.seed + round_index
         round_sampling = replace(turn_sampling, seed=seed)

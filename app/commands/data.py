@@ -31,7 +31,7 @@ from datatools.released_build import (
 from datatools.shard_writer import MANIFEST_NAME, shard_brace_pattern, write_manifest, write_shards
 from datatools.synthetic import SPLITS, SynthConfig, encode_sample, encoded_samples, released_row
 from datatools.video_probe import DEFAULT_PROBE_FRAMES
-from datatools.zoom_task import LISTED_TIMES, ZoomConfig
+from datatools.zoom_task import LISTED_TIMES, TRACE_REQUESTS, ZoomConfig
 from datatools.zoom_task import encode_sample as zoom_sample
 
 
@@ -164,7 +164,7 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
             "Render the synthetic zoom task: long videos cut into equal stretches, one of them blue, with "
             "one-second markers; questions ask about the markers in the blue stretch (Temporal, Goal and "
             "Purpose, Spatial, Plot). Rows carry a CoT target for dense frames and a tool-use trace that "
-            "asks for the stretch (extra 'tool_trace'). Shards OUT/{train,val,test}-NNNNN.tar plus "
+            "asks for stretches (extra 'tool_trace'). Shards OUT/{train,val,test}-NNNNN.tar plus "
             "OUT/dataset.json; deterministic."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -186,6 +186,19 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
         default=defaults.listed_times,
         help="how the readings write a marker's time: clock 'mm:ss' of its frame, or patch: Qwen3-VL's "
         "'<t seconds>' timestamp of its temporal patch, copied as the prompt writes it ('35.5 seconds')",
+    )
+    zoom.add_argument(
+        "--trace-requests",
+        choices=TRACE_REQUESTS,
+        default=defaults.trace_requests,
+        help="where the tool traces' requests come from: random stretches (SFT teaches the syntax, a "
+        "search and the reading, not where to look), or the oracle stretch",
+    )
+    zoom.add_argument(
+        "--trace-calls",
+        type=_positive_int,
+        default=defaults.trace_calls,
+        help="most requests of a random trace (the tool budget's max_calls must allow them)",
     )
     zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
@@ -444,6 +457,8 @@ def run_zoom(args: argparse.Namespace) -> None:
             size=args.size,
             seed=args.seed,
             listed_times=args.listed_times,
+            trace_requests=args.trace_requests,
+            trace_calls=args.trace_calls,
         )
     except ValueError as err:
         raise SystemExit(f"lvrl data zoom: error: {err}") from err

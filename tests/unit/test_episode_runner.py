@@ -78,6 +78,8 @@ def test_episodes_stop_at_requests_get_replies_and_go_on(prompt) -> None:
     assert (stats.requests, stats.served_frames, stats.cache_hits, stats.encoded_frames) == (6, 8, 1, 4)
     assert dict(stats.rejected) == {MALFORMED: 1, TOO_MANY_CALLS: 2}
     assert [e.served_frames for e in group] == [4, 4, 0, 0]
+    # Frames at 1, 2, 3 and 4 s, one second apart, sample the stretch 1-5 s.
+    assert [e.served_spans for e in group] == [[(1.0, 5.0)], [(1.0, 5.0)], [], []]
     assert stats.unanswered == 1 and group[2].segments == [] and group[3].segments == []
     metrics = stats.metrics()
     assert metrics["tool/requests_per_episode"] == 6 / 4 and metrics["tool/rejected_malformed"] == 1
@@ -182,3 +184,26 @@ def test_scripts_that_begin_alike_are_refused(prompt) -> None:
     request = prompt.request_ids(1, 5)
     with pytest.raises(ValueError, match="begin with the same turn"):
         ScriptedEngine([[request, answer], [request, answer[:3]]])
+
+
+def test_several_calls_share_the_episodes_frame_budget(prompt) -> None:
+    """Two calls of an episode: the first served whole, the second thinned to the frames left in
+    the episode's budget; a third is one too many. A malformed call costs a call, no frames."""
+    budget = FrameBudget(max_calls=2, frames_per_call=4, frames_per_episode=6)
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    malformed = prompt.ids("<think>c</think><tool_call>oops") + prompt.ids("</tool_call>")
+    scripts = [
+        [prompt.request_ids(1, 5), prompt.request_ids(5, 9), prompt.request_ids(0, 2), answer],
+        [malformed, prompt.request_ids(2, 4), answer],
+    ]
+    sampling = SamplingConfig(n=2, max_new_tokens=64, seed=0)
+    (group,), stats = run_episodes(
+        ScriptedEngine(scripts), [prompt.request()], [prompt.source], sampling, prompt.tool(budget)
+    )
+    assert [e.turns for e in group] == [4, 3] and [e.replies for e in group] == [3, 2]
+    # 5-9 s at 1 fps would be 4 frames; 2 are left: 5 and 7 s, 2 s apart, sampling 5-9 s.
+    assert group[0].served_spans == [(1.0, 5.0), (5.0, 9.0)] and group[0].served_frames == 6
+    assert [len(s.grid_thw) and int(s.grid_thw.reshape(3)[0]) for s in group[0].segments] == [2, 1]
+    assert group[1].served_spans == [(2.0, 4.0)] and group[1].served_frames == 2
+    assert dict(stats.rejected) == {TOO_MANY_CALLS: 1, MALFORMED: 1} and stats.served_frames == 8
+    assert stats.requests == 5 and stats.unanswered == 0

@@ -29,7 +29,7 @@ def test_the_listing_read_from_each_row_is_the_generators_truth() -> None:
     """The parse of a row's reference reasoning equals its markers as the generator drew them, and
     the SFT trace's listing (times of the served frames) scores 1 against it."""
     for index in range(120):
-        row = make_row(ZoomConfig(), "train", index)[0]
+        row = make_row(ZoomConfig(trace_requests="oracle"), "train", index)[0]
         drawn = {m["color"]: m["size"] for m in row.extra["zoom"]["markers"]}
         assert marker_listing(row.reasoning) == {c: drawn.get(c, "none") for c in MARKER_COLORS}
         assert listing_score(row.extra["tool_trace"]["final_reasoning"], row.reasoning) == 1.0

@@ -13,13 +13,13 @@ import torch
 from transformers import AutoProcessor
 
 from core.episode import Episode
-from core.frame_requests import FrameBudget, parse_request, plan_frames, request_body, served_text
+from core.frame_requests import EpisodeFrames, FrameBudget, request_body, served_text
 from core.positions import mrope_position_ids
 from core.tool_reply import tokenize_reply
 from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from datamodules.tool_traces import ToolTraces
+from datamodules.tool_traces import ToolTraces, trace_turns
 from datamodules.video import decode_frames
 from datatools.shard_writer import write_shards
 from datatools.synthetic import encoded_samples
@@ -61,6 +61,15 @@ def collated(request: pytest.FixtureRequest, zoom_dir: Path, family_model_dir) -
     }
 
 
+def segment_rows(samples) -> list[int]:
+    """Per video of the batch's target layout (row order: each row's prompt video, then its
+    trace's segments), the row it belongs to, or -1 for a prompt video."""
+    owners = []
+    for row, sample in enumerate(samples):
+        owners += [-1] + [row] * len(trace_turns(sample.row.extra["tool_trace"]))
+    return owners
+
+
 def test_a_trace_row_is_the_episode_a_rollout_would_play(collated: dict) -> None:
     processor, family, samples, batch = (collated[k] for k in ("processor", "family", "samples", "batch"))
     tokenizer = processor.tokenizer
@@ -74,40 +83,41 @@ def test_a_trace_row_is_the_episode_a_rollout_would_play(collated: dict) -> None
         tokens_per_second=rule.tokens_per_second,
         temporal=rule.temporal,
     )
-    assert len(batch["target_video_grid_thw"]) == 2 * len(samples)  # a prompt video and a segment each
+    owners = segment_rows(samples)
+    assert len(batch["target_video_grid_thw"]) == len(owners)  # a prompt video and its segments each
+    assert max(owners.count(row) for row in range(len(samples))) == 2  # some trace asked twice
     for row, sample in enumerate(samples):
         layout = batch["prompts"][row]
         trace = sample.row.extra["tool_trace"]
         # The episode the rollout code builds from the same turns and the same served frames.
-        plan = plan_frames(
-            parse_request(request_body(trace["first_turn"]), FrameBudget()),
-            source_fps=sample.video.fps,
-            num_frames=sample.video.total_num_frames,
-            frames_allowed=16,
-        )
-        frames = decode_frames(sample.video_bytes, plan.frame_indices, MAX_PIXELS).frames
-        reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
-        first = tokenizer(trace["first_turn"], add_special_tokens=False)["input_ids"]
-        last_text = (
-            f"<think>{trace['final_reasoning']}</think>\n<answer>{sample.row.answer}</answer><|im_end|>"
-        )
-        last = tokenizer(last_text, add_special_tokens=False)["input_ids"]
+        state = EpisodeFrames(FrameBudget())
         episode = Episode(layout, rule=rule)
-        episode.add_turn(first, [0.0] * len(first), "stop")
-        episode.add_reply(reply.reply(torch.zeros(int(reply.video_grid_thw.prod()) // 4, 1)))
+        for turn in trace_turns(trace):
+            plan = state.serve(
+                request_body(turn), source_fps=sample.video.fps, num_frames=sample.video.total_num_frames
+            )
+            assert len(plan.frame_indices) == 16
+            frames = decode_frames(sample.video_bytes, plan.frame_indices, MAX_PIXELS).frames
+            reply = tokenize_reply(processor, family, served_text(plan), (plan, frames))
+            asked = tokenizer(turn, add_special_tokens=False)["input_ids"]
+            assert asked[-1] == tokenizer.convert_tokens_to_ids("</tool_call>")
+            episode.add_turn(asked, [0.0] * len(asked), "stop")
+            episode.add_reply(reply.reply(torch.zeros(int(reply.video_grid_thw.prod()) // 4, 1)))
+        last_text = f"<think>{trace['final_reasoning']}</think>\n<answer>{trace['answer']}</answer><|im_end|>"
+        last = tokenizer(last_text, add_special_tokens=False)["input_ids"]
         episode.add_turn(last, [0.0] * len(last), "stop")
         length = int(batch["attention_mask"][row].sum())
         ids = batch["input_ids"][row, :length]
         assert ids.tolist() == layout.token_ids.tolist() + episode.token_ids
         assert torch.equal(positions[:, row, :length], episode.positions())
-        # Trained: the model's two turns (the request closes the first); read: the prompt and the reply.
+        # Trained: the model's turns (each request closes one); read: the prompt and the replies.
         trained = batch["labels"][row, :length] != IGNORE_INDEX
         assert trained[len(layout) :].tolist() == episode.sampled and not trained[: len(layout)].any()
-        assert first[-1] == tokenizer.convert_tokens_to_ids("</tool_call>")
-        reply_ids = ids[len(layout) + len(first) :][~trained[len(layout) + len(first) :]]
-        assert served_text(plan) in tokenizer.decode(reply_ids)
-    # The segment: 16 frames 1 s apart in temporal patches of 2 (2 s each).
-    assert batch["target_second_per_grid_ts"][1::2].tolist() == [2.0] * len(samples)
+    # Each segment: 16 frames 1 s apart in temporal patches of 2 (2 s each).
+    seconds = batch["target_second_per_grid_ts"].tolist()
+    assert [t for t, owner in zip(seconds, owners, strict=True) if owner >= 0] == [2.0] * (
+        len(owners) - len(samples)
+    )
 
 
 def test_sft_trains_on_trace_rows(collated: dict) -> None:
@@ -116,12 +126,13 @@ def test_sft_trains_on_trace_rows(collated: dict) -> None:
     batch = collated["batch"]
     loss = module.token_mean_loss(batch)
     assert torch.isfinite(loss)
-    # The reply's frames are read: other frames in the segment change the loss of the last turn.
+    # The replies' frames are read: other frames in the segments change the loss of the last turns.
     blank = dict(batch, target_pixel_values_videos=batch["target_pixel_values_videos"].clone())
     grids = batch["target_video_grid_thw"]
     offsets = [0, *grids.prod(dim=-1).cumsum(0).tolist()]
-    for video in range(1, len(grids), 2):
-        blank["target_pixel_values_videos"][offsets[video] : offsets[video + 1]] = 0
+    for video, owner in enumerate(segment_rows(collated["samples"])):
+        if owner >= 0:
+            blank["target_pixel_values_videos"][offsets[video] : offsets[video + 1]] = 0
     assert abs(float(module.token_mean_loss(blank)) - float(loss)) > 1e-4
 
 
@@ -129,7 +140,7 @@ def test_a_trace_the_tool_cannot_serve_falls_back_with_a_warning(
     collated: dict, caplog: pytest.LogCaptureFixture
 ) -> None:
     sample = collated["samples"][0]
-    extra = dict(sample.row.extra, tool_trace=dict(sample.row.extra["tool_trace"], first_turn="<tool_call>{"))
+    extra = dict(sample.row.extra, tool_trace=dict(sample.row.extra["tool_trace"], turns=["<tool_call>{"]))
     broken = dataclasses.replace(sample, row=dataclasses.replace(sample.row, extra=extra))
     collator = VideoQACollator(
         collated["processor"], family=collated["family"], tool_traces=ToolTraces(MAX_PIXELS, 28)
@@ -140,3 +151,15 @@ def test_a_trace_the_tool_cannot_serve_falls_back_with_a_warning(
     assert "target_pixel_values_videos" not in batch  # only the prompt's video: the direct target
     target = batch["input_ids"][0][batch["labels"][0] != IGNORE_INDEX]
     assert collated["processor"].tokenizer.decode(target).startswith("<think>The blue stretch runs")
+
+
+def test_a_trace_the_budget_refuses_is_not_taught(collated: dict, caplog: pytest.LogCaptureFixture) -> None:
+    # A trace of two requests against a budget of one call: the rollout would refuse the second
+    # request, so the trace is not taught (its direct target is).
+    samples = [s for s in collated["samples"] if len(trace_turns(s.row.extra["tool_trace"])) == 2]
+    one_call = ToolTraces(MAX_PIXELS, 28, FrameBudget(max_calls=1))
+    collator = VideoQACollator(collated["processor"], family=collated["family"], tool_traces=one_call)
+    with caplog.at_level(logging.WARNING):
+        batch = collator(samples[:1])
+    assert "cannot be served" in caplog.text and "at most 1 requests" in caplog.text
+    assert "target_pixel_values_videos" not in batch

@@ -10,12 +10,13 @@ import tarfile
 import numpy as np
 import pytest
 
-from core.frame_requests import FrameBudget, parse_request, plan_frames, request_body
+from core.frame_requests import EpisodeFrames, FrameBudget, parse_request, plan_frames, request_body
 from core.qa import CATEGORIES, OPTION_LETTERS
 from datamodules.video import decode_frames, decode_video, uniform_frame_indices
 from datatools.synthetic import format_timestamp
 from datatools.zoom_task import (
     BACKGROUND,
+    FOUND,
     MARKER_COLORS,
     MARKER_SIZES,
     TEMPORAL_PATCH,
@@ -25,11 +26,14 @@ from datatools.zoom_task import (
     make_row,
     marker_box,
     question_of,
+    request_frames,
     served_markers,
+    trace_rng,
 )
 from models.presets import FAMILIES
 
 CONFIG = ZoomConfig()
+ORACLE = ZoomConfig(trace_requests="oracle")
 
 
 def markers_of(row) -> list[dict]:
@@ -51,6 +55,63 @@ def seen_fraction(rows, indices: list[int]) -> float:
 @pytest.fixture(scope="module")
 def rows():
     return [make_row(CONFIG, "train", i)[0] for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def oracle_rows():
+    return [make_row(ORACLE, "train", i)[0] for i in range(200)]
+
+
+def requested_slots(row) -> list[int]:
+    return [
+        int(r["start_s"] // (CONFIG.slot_frames / CONFIG.fps)) for r in row.extra["tool_trace"]["requests"]
+    ]
+
+
+def test_random_traces_do_not_know_where_to_look(rows) -> None:
+    # The stretches a random trace asks for come from a generator of their own: the same for any
+    # landmark, and hitting it about as often as chance (1 in 8 for a first request).
+    first_hits = 0
+    for index, row in enumerate(rows):
+        trace, landmark = row.extra["tool_trace"], row.extra["zoom"]["landmark_slot"]
+        order = trace_rng(CONFIG, "train", index).permutation(CONFIG.slots).tolist()
+        slots = requested_slots(row)
+        assert slots == order[: len(slots)] and 1 <= len(slots) <= CONFIG.trace_calls
+        assert len(slots) == CONFIG.trace_calls or slots[-1] == landmark  # it stops only at blue
+        assert landmark not in slots[:-1]
+        # The turns are the requests, and nothing in them locates the blue stretch.
+        assert [parse_request(request_body(t), FrameBudget()).start for t in trace["turns"]] == [
+            r["start_s"] for r in trace["requests"]
+        ]
+        assert not any("runs from" in turn for turn in trace["turns"])
+        first_hits += slots[0] == landmark
+        found = slots[-1] == landmark
+        if found:  # it reads what the blue stretch showed and answers the question
+            assert trace["answer"] == row.answer
+            assert trace["final_reasoning"] == f"{FOUND} " + served_markers(
+                CONFIG, row, request_frames(CONFIG, landmark)
+            )
+        else:  # it says it did not see the stretch, and guesses
+            assert (
+                "Markers" not in trace["final_reasoning"] and "not in the frames" in trace["final_reasoning"]
+            )
+    assert 10 <= first_hits <= 45  # 200 draws of 1 in 8: 25 expected (the seed fixes the count)
+    guesses = [
+        r.extra["tool_trace"]["answer"]
+        for r in rows
+        if requested_slots(r)[-1] != r.extra["zoom"]["landmark_slot"]
+    ]
+    assert len(set(guesses)) == 4  # guesses spread over the letters
+    assert rows[3].extra["relevant_span_s"] == rows[3].extra["zoom"]["span_s"]
+
+
+def test_a_random_trace_stays_within_a_budget_of_two_calls_of_16_frames(rows) -> None:
+    budget = FrameBudget(max_calls=2, frames_per_call=16, frames_per_episode=32)
+    for row in rows:
+        state = EpisodeFrames(budget)
+        for turn in row.extra["tool_trace"]["turns"]:
+            state.serve(request_body(turn), source_fps=CONFIG.fps, num_frames=CONFIG.num_frames)
+        assert state.frames == 16 * len(row.extra["tool_trace"]["turns"])
 
 
 def test_answers_follow_the_ground_truth(rows) -> None:
@@ -79,7 +140,7 @@ def test_answers_follow_the_ground_truth(rows) -> None:
     assert len(set(letters)) == 4  # every colour comes first somewhere
 
 
-def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patch(rows) -> None:
+def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patch(rows, oracle_rows) -> None:
     # Two seconds in eight: the 16-frame overview falls on few markers (its two frames per
     # stretch land in two of the stretch's eight 2-s cells: about a fifth of the markers, as the
     # markers keep a free cell between them), 32 frames on about half, 64 (every 2 s) on all.
@@ -87,9 +148,10 @@ def test_the_overview_misses_the_markers_and_the_request_serves_each_as_one_patc
     assert 0.3 < seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 32)) < 0.7
     assert seen_fraction(rows, uniform_frame_indices(CONFIG.num_frames, 64)) == 1.0
     budget = FrameBudget(frames_per_call=16)
-    for row in rows:
+    for row in oracle_rows:
         trace = row.extra["tool_trace"]
-        request = parse_request(request_body(trace["first_turn"]), budget)
+        (turn,) = trace["turns"]
+        request = parse_request(request_body(turn), budget)
         assert (request.start, request.end) == tuple(row.extra["zoom"]["span_s"])
         plan = plan_frames(request, source_fps=CONFIG.fps, num_frames=CONFIG.num_frames, frames_allowed=16)
         assert len(plan.frame_indices) == 16
@@ -140,7 +202,7 @@ def test_patch_times_are_the_processors_own_timestamps(tmp_path) -> None:
     from models.loading import load_processor
 
     processor = load_processor(build_model_dir("tiny", tmp_path / "qwen3_vl", seed=0, family="qwen3_vl"))
-    config = ZoomConfig(listed_times="patch")
+    config = ZoomConfig(listed_times="patch", trace_requests="oracle")
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "?"}]}]
     prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     checked = 0
@@ -203,7 +265,7 @@ def test_the_video_shows_the_stretch_and_the_markers() -> None:
     assert_marker_shown(frames[1:], marker, before=frames[0])
     sizes = list(MARKER_SIZES)
     assert row["answer"] == f"<answer>{OPTION_LETTERS[sizes.index(marker['size'])]}</answer>"
-    assert json.loads(request_body(row["tool_trace"]["first_turn"]))["name"] == "get_frames"
+    assert json.loads(request_body(row["tool_trace"]["turns"][0]))["name"] == "get_frames"
 
 
 def assert_marker_shown(frames: np.ndarray, marker: dict, before: np.ndarray | None = None) -> None:
