@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import io
 import itertools
 import os
 import statistics
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from app.commands.report import read_text
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
@@ -113,7 +116,8 @@ def column(metrics: Path, name: str) -> list[float]:
     replace those steps."""
     if metrics.is_file():
         return [float(row[name]) for row in _rows(metrics) if row.get(name)]
-    versions = sorted(metrics.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
+    logs = [f for f in metrics.glob("version_*/metrics.csv*") if f.name in ("metrics.csv", "metrics.csv.gz")]
+    versions = sorted(logs, key=lambda f: int(f.parent.name.split("_")[1]))
     kept: list[dict[str, str]] = []
     for attempt in reversed(versions):  # latest first: it owns every step it logged
         rows = _rows(attempt)
@@ -124,8 +128,8 @@ def column(metrics: Path, name: str) -> list[float]:
 
 
 def _rows(metrics: Path) -> list[dict[str, str]]:
-    with metrics.open() as f:
-        return list(csv.DictReader(f))
+    """A CSV log's rows (``metrics.csv``, or gzipped as saved results keep it)."""
+    return list(csv.DictReader(io.StringIO(read_text(metrics))))
 
 
 def mean_and_spread(values: list[float], digits: int = 3) -> str:

@@ -396,7 +396,7 @@ def main() -> None:
             eval_dir, evaluated = evaluate(run_dir, data)
             seconds.setdefault(f"{label} training", []).append(trained)
             seconds.setdefault(f"{label} evaluation", []).append(evaluated)
-            metrics = eval_dir / "csv" / "version_0" / "metrics.csv"
+            metrics = eval_dir / "csv"  # its CSV log, plain or gzipped as saved results keep it
             accuracy[label].append(last(metrics, "val/accuracy"))
             predictions = last_predictions(eval_dir)
             if predictions is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import io
 import json
 import math
 import re
@@ -94,9 +95,17 @@ def register(parser: argparse.ArgumentParser) -> None:
     frames.set_defaults(run=run_frames)
 
 
+def read_text(path: Path) -> str:
+    """A text file's contents, gunzipped when its name ends with ``.gz`` (how saved results keep
+    their logs and predictions small)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
 def metric_rows(run_dir: Path) -> list[dict[str, str]]:
-    """Rows of every CSV log in ``run_dir`` (``csv/version_N/metrics.csv``), oldest run first."""
-    paths = list(run_dir.glob("csv/version_*/metrics.csv"))
+    """Rows of every CSV log in ``run_dir`` (``csv/version_N/metrics.csv``, or ``metrics.csv.gz``),
+    oldest run first."""
+    logs = run_dir.glob("csv/version_*/metrics.csv*")
+    paths = [p for p in logs if p.name in ("metrics.csv", "metrics.csv.gz")]
     if not paths:
         raise FileNotFoundError(f"no CSV logs under {run_dir}/csv (was the run made with a CSVLogger?)")
 
@@ -106,8 +115,7 @@ def metric_rows(run_dir: Path) -> list[dict[str, str]]:
 
     rows: list[dict[str, str]] = []
     for path in sorted(paths, key=version):
-        with path.open() as f:
-            rows += list(csv.DictReader(f))
+        rows += list(csv.DictReader(io.StringIO(read_text(path))))
     return rows
 
 
@@ -250,8 +258,7 @@ def last_records(run_dir: Path) -> list[dict] | None:
         return None
     records: list[dict] = []
     for path in sorted(steps[max(steps)]):
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        records += [json.loads(line) for line in text.splitlines() if line.strip()]
+        records += [json.loads(line) for line in read_text(path).splitlines() if line.strip()]
     return records
 
 

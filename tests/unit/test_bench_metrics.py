@@ -31,6 +31,23 @@ def test_a_resumed_run_reads_as_one_history(tmp_path: Path) -> None:
     assert column(metrics / "version_0" / "metrics.csv", "loss") == [0.9, 0.8, 0.7, 0.6]
 
 
+def test_a_saved_run_reads_the_same_gzipped(tmp_path: Path) -> None:
+    """Saved results keep their logs gzipped (``metrics.csv.gz``): the history reads the same, and
+    so do ``lvrl report``'s rows."""
+    import gzip
+
+    from app.commands.report import metric_rows
+
+    metrics = tmp_path / "csv"
+    write_attempt(metrics, 0, [(9, "0.9", ""), (19, "0.8", "")])
+    write_attempt(metrics, 1, [(19, "0.75", ""), (29, "0.7", "0.5")])
+    plain = column(metrics, "loss"), metric_rows(tmp_path)
+    for log in metrics.glob("version_*/metrics.csv"):
+        log.with_suffix(".csv.gz").write_bytes(gzip.compress(log.read_bytes()))
+        log.unlink()
+    assert (column(metrics, "loss"), metric_rows(tmp_path)) == plain and plain[0] == [0.9, 0.75, 0.7]
+
+
 def test_an_evaluation_stopped_before_its_accuracy_runs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
