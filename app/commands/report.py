@@ -234,6 +234,9 @@ def comparison_table(columns: dict[str, dict[str, float]]) -> str:
     if any("val/frames_per_answer" in scores for scores in columns.values()):
         rows.append(number_row(columns, "frame requests per answer", "val/requests_per_answer"))
         rows.append(number_row(columns, "frames seen per answer", "val/frames_per_answer"))
+    if any("val/span_hit_rate" in scores for scores in columns.values()):
+        rows.append(row("requests covering half the answer's stretch", "val/span_hit_rate"))
+        rows.append(row("share of the answer's stretch served (mean)", "val/span_coverage"))
     rows.append(row("constant-letter baseline", "val/constant_letter_baseline"))
     return render_table(Table([Column("", "left"), *(Column(name) for name in columns)], rows))
 

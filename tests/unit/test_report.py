@@ -344,3 +344,18 @@ def test_frames_report_averages_a_name_given_once_per_seed(tmp_path: Path) -> No
     odd = sweep(tmp_path / "d2", 0.5, 0.5, counts=(16, 64))
     with pytest.raises(SystemExit, match=r"dense=.*different frame counts"):
         main(["report", "frames", *runs, "--run", f"dense={odd}", "--out", str(out)])
+
+
+def test_compare_shows_where_tool_answers_looked(tmp_path: Path, capsys) -> None:
+    tool, dense = tmp_path / "tool", tmp_path / "dense"
+    where = {"val/span_hit_rate": 0.25, "val/span_coverage": 0.3125}
+    write_log(
+        tool,
+        0,
+        [{"val/accuracy": 0.5, "val/frames_per_answer": 40.0, "val/requests_per_answer": 1.5, **where}],
+    )
+    write_log(dense, 0, [{"val/accuracy": 0.25}])
+    main(["report", "compare", "--run", f"tool={tool}", "--run", f"dense={dense}"])
+    table = capsys.readouterr().out
+    assert "| requests covering half the answer's stretch | 25.0% | - |" in table
+    assert "| share of the answer's stretch served (mean) | 31.2% | - |" in table
