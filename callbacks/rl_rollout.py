@@ -48,7 +48,14 @@ from models.families import family_of
 from parallel.collectives import share_out
 from rewards.combine import RewardSpec, default_reward_specs
 from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.episodes import EpisodeRollouts, FrameTool, alone, episode_rollouts, frame_sources
+from rollout.episodes import (
+    EpisodeRollouts,
+    FrameTool,
+    alone,
+    episode_rollouts,
+    frame_sources,
+    given_turns_of,
+)
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
@@ -268,6 +275,7 @@ class RolloutCallback(Callback):
                 requests: list[RolloutRequest], sampling: SamplingConfig, meta: list[dict[str, Any]]
             ) -> EpisodeRollouts:
                 sources = frame_sources(meta)
+                given = given_turns_of(meta, pl_module.processor.tokenizer)
                 # Sequence-parallel peers hold the same prompts: each samples a share of every
                 # round's turns, and all serve the replies together (the tool encodes with the group).
                 share = alone if shard is None else functools.partial(share_out, group=shard.rollout_group)
@@ -275,7 +283,7 @@ class RolloutCallback(Callback):
                 def on(engine: RolloutEngine) -> EpisodeRollouts:
                     live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
                     with live:
-                        return episode_rollouts(engine, requests, sources, sampling, tool, share)
+                        return episode_rollouts(engine, requests, sources, sampling, tool, share, given)
 
                 return supervisor.run(on, step)
 

@@ -89,6 +89,8 @@ class Episode:
     """Tokens of each sampled turn, in order (each turn has the engine's ``max_new_tokens``)."""
     replies: int = 0
     """Tool replies so far (one per request answered, served or not)."""
+    given: int = 0
+    """Tokens of a turn written for the model at the episode's start (:meth:`add_given_turn`)."""
     served_frames: int = 0
     """Source frames the replies held, all together."""
     served_spans: list[tuple[float, float]] = field(default_factory=list)
@@ -109,6 +111,19 @@ class Episode:
         self.turns += 1
         self.turn_lengths.append(len(token_ids))
         self.finish_reason = finish_reason
+
+    def add_given_turn(self, token_ids: Sequence[int]) -> None:
+        """Start the episode with an assistant turn written for the model (a request given with
+        the question, as the oracle-crop baseline gives the right one): in its place in the
+        sequence, but neither sampled nor trained."""
+        if self.token_ids:
+            raise ValueError("a given turn starts an episode")
+        self.token_ids += token_ids
+        self.sampled += [False] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+        self.video_slots += [False] * len(token_ids)
+        self.engine_ids += token_ids
+        self.given = len(token_ids)
 
     def add_reply(self, reply: ToolReply) -> None:
         """Append the tool's reply (read by the model, not trained)."""

@@ -20,7 +20,7 @@ from core.layout import PromptLayout
 from datamodules.prompts import assistant_target, chat_messages, encode_video_prompt
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
-from datamodules.tool_traces import ToolTraces, stored_video, trace_target
+from datamodules.tool_traces import ToolTraces, given_turn, stored_video, trace_target
 from models.families import ModelFamily
 
 IGNORE_INDEX = -100
@@ -160,6 +160,7 @@ class VideoQACollator:
                     "duration": s.video.duration,
                     "relevant_span_s": s.row.relevant_span_s,
                     "frame_source": stored_video(s, self.tool_traces) if self.tool_traces else None,
+                    "given_turn": given_turn(s, self.tool_traces),
                 }
                 for s in samples
             ],

@@ -92,6 +92,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             callback's ``tool_use``, decode requested frames from it; it costs the batch's
             videos' size in host memory while in use); and a row with a tool trace (the zoom
             task's, :mod:`datamodules.tool_traces`) is taught as that episode in CoT-SFT.
+        tool_given_request: each row's tool trace's first request is given with the question
+            (the oracle-crop baseline, with traces that ask for the right stretch: ``lvrl data
+            zoom --trace-requests oracle``): in CoT-SFT it is in the target but not trained, and
+            tool-use episodes (validation, rollouts) start with it written for the model and
+            served; the model writes what follows. Needs ``tool_use``.
         qwen_video: sample each video as the Qwen models' own preprocessing does (the
             ``qwen-vl-utils`` package's ``fetch_video``: :mod:`datamodules.qwen_video`) with these
             of its keys: ``fps`` or ``nframes``, ``min_frames``, ``max_frames``, ``min_pixels``,
@@ -129,9 +134,14 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         max_prompt_tokens: int | None = 4096,
         max_target_tokens: int | None = 4096,
         tool_use: bool = False,
+        tool_given_request: bool = False,
         qwen_video: dict[str, float] | None = None,
     ) -> None:
         super().__init__()
+        if tool_given_request and not tool_use:
+            raise ValueError(
+                "data.tool_given_request gives each question a request to serve: it needs tool_use: true"
+            )
         if sample_fps is not None and sample_fps <= 0:
             raise ValueError(f"data.sample_fps={sample_fps} must be positive (or null for num_frames always)")
         if val_num_frames is not None and (not val_num_frames or min(val_num_frames) < 2):
@@ -244,7 +254,11 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         """Both layouts: SFT trains on prompt + target, RL samples from the prompt alone."""
         traces = None
         if self.hparams.tool_use:
-            traces = ToolTraces(self.hparams.max_pixels_per_frame, self.family.merged_patch_pixels)
+            traces = ToolTraces(
+                self.hparams.max_pixels_per_frame,
+                self.family.merged_patch_pixels,
+                given_first_turn=self.hparams.tool_given_request,
+            )
         return VideoQACollator(self.processor, with_targets=True, family=self.family, tool_traces=traces)
 
     def _text_lengths(self) -> TextTokenCounter | None:

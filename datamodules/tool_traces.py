@@ -47,6 +47,18 @@ class ToolTraces:
     max_pixels: int
     factor: int
     budget: FrameBudget = field(default_factory=FrameBudget)
+    given_first_turn: bool = False
+    """The trace's first turn (its first request) is given with the question, not the model's:
+    in the target but not trained, and written for the model in episodes (``meta["given_turn"]``)."""
+
+
+def given_turn(sample: VideoQASample, settings: ToolTraces | None) -> str | None:
+    """The turn given with ``sample``'s question (its trace's first), when the settings give one."""
+    if settings is None or not settings.given_first_turn:
+        return None
+    trace = sample.row.extra.get("tool_trace")
+    turns = trace_turns(trace) if isinstance(trace, dict) else []
+    return turns[0] if turns else None
 
 
 class StoredVideo:
@@ -145,7 +157,7 @@ def trace_target(
         turns = trace_turns(trace)
         if not turns:
             raise RequestRejected(MALFORMED, "the trace has no turns")
-        for turn in turns:
+        for index, turn in enumerate(turns):
             body = request_body(turn)
             if body is None:
                 raise RequestRejected(MALFORMED, "a turn of the trace does not end with a request")
@@ -156,7 +168,8 @@ def trace_target(
             assert reply.second_per_grid is not None
             asked = list(tokenizer(turn, add_special_tokens=False)["input_ids"])
             token_ids += asked + reply.token_ids
-            trained += [True] * len(asked) + [False] * len(reply.token_ids)
+            learned = not (index == 0 and settings.given_first_turn)
+            trained += [learned] * len(asked) + [False] * len(reply.token_ids)
             slots += [False] * len(asked) + reply.video_slots
             pixels.append(reply.pixel_values_videos)
             grids.append(reply.video_grid_thw.reshape(1, 3))

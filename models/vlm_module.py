@@ -49,7 +49,7 @@ from parallel.shard import SequenceShard
 from parallel.sharding import ShardingLayout, ShardingSettings, gathered, run_sharded, shard_model
 from rewards.judge import JudgeSettings
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
-from rollout.episodes import FrameTool, episode_rollouts, frame_sources
+from rollout.episodes import FrameTool, episode_rollouts, frame_sources, given_turns_of
 from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
@@ -487,7 +487,10 @@ class VLMModule(L.LightningModule):
                 self.family,
                 lambda pixels, grid: encode_videos(model, pixels, grid),
             )
-            played = episode_rollouts(engine, requests, frame_sources(batch["meta"]), sampling, tool)
+            given = given_turns_of(batch["meta"], self.processor.tokenizer)
+            played = episode_rollouts(
+                engine, requests, frame_sources(batch["meta"]), sampling, tool, given_turns=given
+            )
         n = sampling.n
         texts = [c.text for c in played.completions]
         if n == 1:  # the greedy answers are the ones counted

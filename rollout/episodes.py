@@ -68,6 +68,15 @@ def frame_sources(meta: Sequence[dict[str, Any]]) -> list[FrameSource]:
     return sources  # type: ignore[return-value]
 
 
+def given_turns_of(meta: Sequence[dict[str, Any]], tokenizer: Any) -> list[list[int] | None] | None:
+    """Each prompt's given first turn (``meta["given_turn"]``, the datamodule's with
+    ``tool_given_request``) as token ids, None where a prompt has none; None when no prompt has one."""
+    texts = [sample.get("given_turn") for sample in meta]
+    if not any(texts):
+        return None
+    return [list(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else None for text in texts]
+
+
 @dataclass
 class SegmentCache:
     """Served segments of one rollout step, tokenised and encoded once each."""
@@ -171,8 +180,9 @@ def merged_tool_stats(parts: Sequence[EpisodeStats | None]) -> EpisodeStats | No
 
 
 def ends_with_request(episode: Episode, call_close_id: int) -> bool:
-    """Whether the episode's last turn stopped at a request (its last token closes a call)."""
-    return bool(episode.token_ids) and episode.sampled[-1] and episode.token_ids[-1] == call_close_id
+    """Whether the episode's last turn stopped at a request (its last token closes a call: a
+    reply never ends with one, it ends with the next assistant header)."""
+    return bool(episode.token_ids) and episode.token_ids[-1] == call_close_id
 
 
 Share = Callable[[Sequence[Any], Callable[[list[Any]], list[Any]]], list[Any]]
@@ -193,6 +203,7 @@ def run_episodes(
     sampling: SamplingConfig,
     tool: FrameTool,
     share: Share = alone,
+    given_turns: Sequence[list[int] | None] | None = None,
 ) -> tuple[list[list[Episode]], EpisodeStats]:
     """``sampling.n`` episodes per request (grouped like the requests), and what the tool did.
 
@@ -200,20 +211,35 @@ def run_episodes(
     With a ``share`` over sequence-parallel peers, the engine's calls are split among them and
     every peer then holds every episode: the tool serves the same replies on each, in the same
     order, so ``tool``'s encoder may be a collective of the group (MR-SP's shared encoding).
+    ``given_turns``: per request, a first turn written for the model (token ids ending with a
+    request; :meth:`core.episode.Episode.add_given_turn`), or None to sample it; the request it
+    ends with is served as any other, against the same budget.
     """
     if len(videos) != len(requests):
         raise ValueError(f"{len(videos)} source videos for {len(requests)} requests")
+    given = list(given_turns) if given_turns is not None else [None] * len(requests)
+    if len(given) != len(requests):
+        raise ValueError(f"{len(given)} given turns for {len(requests)} requests")
     tokenizer = tool.processor.tokenizer
     call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
     turn_sampling = replace(sampling, stop_tokens=(*sampling.stop_tokens, CALL_CLOSE))
+    sampled_first = [r for r, turn in zip(requests, given, strict=True) if turn is None]
+    first_turns = iter(share(sampled_first, lambda mine: engine.generate(mine, turn_sampling)))
     groups: list[list[Episode]] = []
-    first_turns = share(requests, lambda mine: engine.generate(mine, turn_sampling))
-    for request, result in zip(requests, first_turns, strict=True):
+    for request, turn in zip(requests, given, strict=True):
         group = []
-        for completion in result.completions:
-            episode = Episode(request.layout, rule=tool.family.position_rule)
-            episode.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
-            group.append(episode)
+        if turn is not None:
+            if not turn or turn[-1] != call_close:
+                raise ValueError("a given turn ends with a request (its call's closing tag)")
+            for _ in range(sampling.n):
+                episode = Episode(request.layout, rule=tool.family.position_rule)
+                episode.add_given_turn(turn)
+                group.append(episode)
+        else:
+            for completion in next(first_turns).completions:
+                episode = Episode(request.layout, rule=tool.family.position_rule)
+                episode.add_turn(completion.token_ids, completion.logprobs, completion.finish_reason)
+                group.append(episode)
         groups.append(group)
     states = [[EpisodeFrames(tool.budget) for _ in group] for group in groups]
     stats = EpisodeStats(episodes=sum(len(g) for g in groups))
@@ -253,7 +279,10 @@ def run_episodes(
 
 
 def _last_turn(episode: Episode) -> list[int]:
-    """The tokens of the episode's last turn (the trailing run of sampled tokens)."""
+    """The tokens of the episode's last turn (the trailing run of sampled tokens; the given
+    turn of an episode that has no sampled turn yet)."""
+    if episode.turns == 0:
+        return episode.token_ids[: episode.given]
     start = len(episode.sampled)
     while start > 0 and episode.sampled[start - 1]:
         start -= 1
@@ -291,9 +320,10 @@ def episode_rollouts(
     sampling: SamplingConfig,
     tool: FrameTool,
     share: Share = alone,
+    given_turns: Sequence[list[int] | None] | None = None,
 ) -> EpisodeRollouts:
     """:func:`run_episodes`, with each episode summarised for the rewards."""
-    groups, stats = run_episodes(engine, requests, videos, sampling, tool, share)
+    groups, stats = run_episodes(engine, requests, videos, sampling, tool, share, given_turns)
     tokenizer = tool.processor.tokenizer
     call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
     completions, counts = [], []

@@ -55,7 +55,9 @@ class ScriptedEngine(RolloutEngine):
     def script_of(self, request: TurnRequest) -> list[list[int]]:
         """The script whose first turn the request's episode began with."""
         episode = request.episode
-        first = tuple(episode.token_ids[: episode.turn_lengths[0]])
+        if not episode.turn_lengths:
+            raise ValueError("a scripted episode is found by its first sampled turn; a given turn is not one")
+        first = tuple(episode.sampled_ids[: episode.turn_lengths[0]])
         if first not in self._by_first:
             raise KeyError(f"no script begins with the episode's first turn ({len(first)} tokens)")
         return self._by_first[first]

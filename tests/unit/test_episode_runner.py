@@ -207,3 +207,31 @@ def test_several_calls_share_the_episodes_frame_budget(prompt) -> None:
     assert group[1].served_spans == [(2.0, 4.0)] and group[1].served_frames == 2
     assert dict(stats.rejected) == {TOO_MANY_CALLS: 1, MALFORMED: 1} and stats.served_frames == 8
     assert stats.requests == 5 and stats.unanswered == 0
+
+
+def test_a_given_turn_is_served_and_the_model_writes_what_follows(prompt) -> None:
+    """The oracle-crop baseline's episodes: the first request is written for the model (not
+    sampled, not trained), served against the budget like any other, and the engine writes the
+    next turn from there; prompts without a given turn sample theirs as usual."""
+    from rollout.hf_engine import TransformersEngine
+
+    given = prompt.request_ids(1, 5)
+    engine = TransformersEngine.for_model(prompt.model, prompt.processor.tokenizer)
+    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8, seed=3)
+    requests, sources = [prompt.request(), prompt.request()], [prompt.source, prompt.source]
+    groups, stats = run_episodes(
+        engine, requests, sources, sampling, prompt.tool(BUDGET), given_turns=[given, None]
+    )
+    for episode in groups[0]:
+        assert episode.token_ids[: len(given)] == given and episode.given == len(given)
+        assert not any(episode.sampled[: len(given)])  # neither sampled nor trained
+        assert episode.served_spans == [(1.0, 5.0)] and episode.replies == 1
+        assert episode.turns >= 1 and episode.sampled[-1]  # the model wrote the turn after the reply
+        reply_end = episode.sampled.index(True)
+        assert not any(episode.video_slots[: len(given)]) and any(episode.video_slots[len(given) : reply_end])
+    assert all(episode.given == 0 and episode.sampled[0] for episode in groups[1])
+    assert stats.served_frames >= 8  # both given episodes served their 4 frames
+    with pytest.raises(ValueError, match="ends with a request"):
+        run_episodes(
+            engine, requests[:1], sources[:1], sampling, prompt.tool(BUDGET), given_turns=[given[:-1]]
+        )

@@ -163,3 +163,42 @@ def test_a_trace_the_budget_refuses_is_not_taught(collated: dict, caplog: pytest
         batch = collator(samples[:1])
     assert "cannot be served" in caplog.text and "at most 1 requests" in caplog.text
     assert "target_pixel_values_videos" not in batch
+
+
+def test_a_given_first_turn_is_in_the_row_but_not_trained(tmp_path: Path, family_model_dir) -> None:
+    # The oracle-crop baseline: the right request comes with the question; SFT teaches the reading.
+    out = tmp_path / "oracle"
+    write_shards(
+        encoded_samples(ZoomConfig(trace_requests="oracle"), "val", 2, encode=zoom_sample), out, "val"
+    )
+    model_dir = family_model_dir("qwen3_vl")
+    processor = AutoProcessor.from_pretrained(model_dir)
+    family = family_of(load_model(model_dir).config)
+    stream = VideoQAStream(
+        resolve_shards(str(out / "val-*.tar")), num_frames=16, max_pixels=MAX_PIXELS, keep_video_bytes=True
+    )
+    samples = list(stream)
+    settings = ToolTraces(MAX_PIXELS, 32, given_first_turn=True)
+    given = VideoQACollator(processor, family=family, tool_traces=settings)(samples)
+    taught = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 32))(samples)
+    assert torch.equal(given["input_ids"], taught["input_ids"])  # the same rows
+    tokenizer = processor.tokenizer
+    for row, sample in enumerate(samples):
+        (turn,) = trace_turns(sample.row.extra["tool_trace"])
+        assert given["meta"][row]["given_turn"] == turn and taught["meta"][row]["given_turn"] is None
+        start = len(given["prompts"][row])
+        asked = len(tokenizer(turn, add_special_tokens=False)["input_ids"])
+        assert (taught["labels"][row, start : start + asked] != IGNORE_INDEX).all()
+        assert (given["labels"][row, start : start + asked] == IGNORE_INDEX).all()
+        # What follows the reply (the reading and the answer) is trained in both.
+        assert torch.equal(
+            given["labels"][row, start + asked :] != IGNORE_INDEX,
+            taught["labels"][row, start + asked :] != IGNORE_INDEX,
+        )
+
+
+def test_a_given_request_needs_tool_use() -> None:
+    from datamodules.longvideo_reason import LongVideoReasonDataModule
+
+    with pytest.raises(ValueError, match=r"tool_given_request .* needs tool_use: true"):
+        LongVideoReasonDataModule(train_shards="x.tar", processor_path="p", tool_given_request=True)
