@@ -226,7 +226,180 @@ def lora_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def run_line(report: dict) -> str:
+    """Where a results file's figures came from: its command, commit, date and machine."""
+    machine = report["machine"]
+    head, _, changes = report["commit"].partition("+")
+    commit = head[:7] + (f"+{changes}" if changes else "")
+    return f"`{report['command']}` at {commit} ({report['date']}, {machine['cpu']}, {machine['cores']} cores)"
+
+
+def rollout_block(root: Path) -> str:
+    """Encoding once against re-encoding, at a real-width vision tower (bench/rollout.py's results)."""
+    report = json.loads((root / "bench" / "results" / "rollout" / "cpu.json").read_text())
+    generations = report["settings"]["generations"]
+    passes = report["frames"][0]["naive_encodes"]
+    lines = [
+        f"Measured with {run_line(report)}; {report['wall_seconds']:,} s of wall time. CPU seconds "
+        "of the process on one thread, one run:",
+        "",
+        "| frames (video tokens) | vision-tower pass | vLLM rollouts | reference + policy passes "
+        f"| RL step, encode once | re-encoding ({passes} passes) | ratio | ratio, engine encodes once |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    extras = []
+    for row in report["frames"]:
+        lines.append(
+            f"| {row['frames']:,} ({row['video_tokens']:,}) | {row['encode']:.1f} s | {row['vllm']:.1f} s "
+            f"| {row['passes']:.1f} s | {row['step_encode_once']:.1f} s | {row['step_re_encoding']:,.0f} s "
+            f"| **x{row['ratio']:.1f}** | x{row['ratio_engine_encodes_once']:.1f} |"
+        )
+        if "hf_rate" in row:
+            extras.append(
+                f"at {row['frames']} frames vLLM {row['vllm_rate']:.0f} against the transformers engine's "
+                f"{row['hf_rate']:.0f} completion tokens/s (x{row['vllm_rate'] / row['hf_rate']:.1f})"
+            )
+        if "whole_rows" in row:
+            extras.append(
+                f"at {row['frames']} frames the reference + policy passes {row['passes']:.2f} s with the "
+                f"prompt shared against {row['whole_rows']:.2f} s with every row whole "
+                f"(x{row['whole_rows'] / row['passes']:.1f})"
+            )
+    return "\n".join([*lines, "", f"G = {generations}. Also measured: " + "; ".join(extras) + "."])
+
+
+def mr_sp_report(root: Path) -> dict:
+    return json.loads((root / "bench" / "results" / "mr_sp" / "cpu.json").read_text())
+
+
+def mr_sp_memory_block(root: Path) -> str:
+    """Saved activations per rank by sequence-parallel size (bench/mr_sp.py's memory part)."""
+    report = mr_sp_report(root)
+    settings = report["settings"]
+    lines = [
+        f"Measured with {run_line(report)}: the `{settings['preset']}` model, {settings['attention']} "
+        "attention, forward + backward of one row:",
+        "",
+        f"| sequence-parallel size | saved activations per rank, {settings['tokens']:,}-token row "
+        f"| peak RSS growth | longest row within {settings['budget_mib']} MiB per rank |",
+        "|---:|---:|---:|---:|",
+    ]
+    for row in report["memory"]:
+        lines.append(
+            f"| {row['size']} | {row['saved_mib']:.1f} MiB (x{row['saved_over_first']:.2f}) "
+            f"| {row['peak_rss_growth_mib']:.1f} MiB | {row['longest_tokens_within_budget']:,} tokens |"
+        )
+    lines += [
+        "",
+        "The peak RSS growth is the rise of the process's peak resident memory over the pass: 0 when the "
+        "pass stayed under the peak the process had already reached, so only the saved bytes compare "
+        "exactly.",
+    ]
+    return "\n".join(lines)
+
+
+def mr_sp_step_block(root: Path) -> str:
+    """The MR-SP step against re-encoding, per frame count (bench/mr_sp.py's step part)."""
+    report = mr_sp_report(root)
+    settings = report["settings"]
+    lines = [
+        f"Measured with {run_line(report)}, {report['wall_seconds']:,} s of wall time for all "
+        f"three parts; G = {settings['generations']}, {settings['attention']} attention, per-rank CPU "
+        "seconds, one thread a rank:",
+        "",
+        "| ranks | frames (video tokens) | encoding share per rank | all-gather | passes, prompt shared "
+        "| MR-SP step | re-encoding step | ratio | passes with rows whole |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["step"]:
+        whole = row.get("passes_rows_whole_s")
+        rows_whole = f"{whole:.2f} s (x{whole / row['passes_s']:.1f})" if whole is not None else "not run"
+        lines.append(
+            f"| {row['size']} | {row['frames']:,} ({row['video_tokens']:,}) | {min(row['share_s']):.1f}-"
+            f"{max(row['share_s']):.1f} s | {row['gather_s']:.2f} s | {row['passes_s']:.2f} s "
+            f"| {row['mr_sp_step_s']:.1f} s | {row['re_encoding_step_s']:,.0f} s | **x{row['ratio']:.0f}** "
+            f"| {rows_whole} |"
+        )
+    encodings = " / ".join(f"{row['whole_video_encoding_s']:.1f}" for row in report["step"])
+    lines += ["", f"The whole-video encodings these count (the sum of the shares): {encodings} s."]
+    return "\n".join(lines)
+
+
+def ring_layouts_block(root: Path) -> str:
+    """Contiguous against zigzag ring layouts, per rank (bench/mr_sp.py's ring part)."""
+    report = mr_sp_report(root)
+    settings = report["settings"]
+    lines = [
+        f"Measured with {run_line(report)}: one {settings['ring_tokens']:,}-token text row, the "
+        f"`{settings['preset']}` model, forward + backward, per-rank CPU seconds (the best of "
+        f"{settings['ring_repeats']} runs, the layouts taking turns):",
+        "",
+        "| ranks | layout | CPU per rank | slowest rank | attention scores per rank (x rank 0's) | wall |",
+        "|---:|---|---|---:|---|---:|",
+    ]
+    slowest: dict[tuple[int, str], float] = {}
+    for row in report["ring"]:
+        slowest[row["size"], row["layout"]] = max(row["cpu_s"])
+    for row in report["ring"]:
+        mark = ""
+        if row["layout"] == "zigzag":
+            mark = f" (x{slowest[row['size'], 'contiguous'] / slowest[row['size'], 'zigzag']:.2f} faster)"
+        lines.append(
+            f"| {row['size']} | {row['layout']} | {' / '.join(f'{c:.2f}' for c in row['cpu_s'])} s "
+            f"| {max(row['cpu_s']):.2f} s{mark} | {' / '.join(f'{x:g}' for x in row['scores_over_rank0'])} "
+            f"| {row['wall_s']:.1f} s |"
+        )
+    return "\n".join(lines)
+
+
+def zoom_cost_block(root: Path) -> str:
+    """What asking for frames saves one GRPO group's scoring at Qwen3-VL widths (bench/zoom_cost.py)."""
+    folder = root / "bench" / "results" / "zoom_cost"
+    report = json.loads((folder / "cost_4b.json").read_text())
+    cases = {case["case"]: case for case in report["cases"]}
+    tool = cases["tool"]
+    lines = [
+        f"On one {report['device']} (torch {report['torch']}, transformers {report['transformers']}; "
+        "`bench/results/zoom_cost/cost_4b.json`, written before results files recorded their commit):",
+        "",
+        "| case (frames seen) | video tokens | row length | encode | scoring fwd+bwd "
+        "| scoring peak above weights |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, case in cases.items():
+        label = "tool (16 + 32)" if name == "tool" else name.replace("-", " ")
+        ratio = "" if name == "tool" else f" ({case['score_ms'] / tool['score_ms']:.1f}x)"
+        peak = "" if name == "tool" else f" ({case['score_peak_gib'] / tool['score_peak_gib']:.1f}x)"
+        lines.append(
+            f"| {label} | {case['video_tokens']:,} | {case['seq_len']:,} | {case['encode_ms']:.0f} ms "
+            f"| {case['score_ms'] / 1000:.1f} s{ratio} | {case['score_peak_gib']:.1f} GiB{peak} |"
+        )
+    small = json.loads((folder / "cost_2b.json").read_text())
+    figures = ", ".join(
+        f"{case['case'].replace('-', ' ')} {case['score_ms'] / 1000:.1f} s / {case['score_peak_gib']:.1f} GiB"
+        for case in small["cases"]
+    )
+    distinct = json.loads((folder / "cost_4b_distinct.json").read_text())
+    spread_cases = {case["case"]: case for case in distinct["cases"]}
+    spread, dense = spread_cases["tool"], spread_cases["dense-256"]
+    lines += [
+        "",
+        f"With Qwen3-VL-2B's widths (`cost_2b.json`, {small['parameters']['total'] / 1e9:.2f}B parameters): "
+        f"{figures}. The table's eight episodes ask for the same stretch (encoded once, the segment "
+        f"cache); with eight different stretches (`--spans distinct`, `cost_4b_distinct.json`) the tower "
+        f"encodes {spread['frames_encoded']} frames in {spread['encode_ms']:.0f} ms (dense 256 in the "
+        f"same run: {dense['encode_ms']:.0f} ms), and the scoring pass is {spread['score_ms'] / 1000:.1f} s, "
+        f"{spread['score_peak_gib']:.1f} GiB.",
+    ]
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "rollout": rollout_block,
+    "mr_sp_memory": mr_sp_memory_block,
+    "mr_sp_step": mr_sp_step_block,
+    "ring_layouts": ring_layouts_block,
+    "zoom_cost": zoom_cost_block,
     "lora": lora_block,
     "probe": probe_block,
     "data_pipeline": data_pipeline_block,

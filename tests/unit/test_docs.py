@@ -53,7 +53,12 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
     module = renderer()
     results = ("bench/results/demo", "bench/results/real_vocab", "bench/results/suite", "bench/results/plan")
     results += ("bench/results/input_pipeline", "bench/results/lora")
-    results += ("bench/results/plan_check",)
+    results += (
+        "bench/results/plan_check",
+        "bench/results/rollout",
+        "bench/results/mr_sp",
+        "bench/results/zoom_cost",
+    )
     for part in ("README.md", "docs", *results):
         source, target = REPO / part, tmp_path / part
         if source.is_dir():
@@ -89,3 +94,73 @@ def test_every_key_of_the_shipped_configs_is_in_the_reference() -> None:
     assert len(used) > 100  # the configs were read
     missing = used - module.listed((REPO / "docs" / "configuration.md").read_text())
     assert not missing, sorted(missing)
+
+
+# A figure is a number with a unit of measure, a ratio or a p-value.
+FIGURE = re.compile(
+    r"\d(?:[\d,]*\d)?(?:\.\d+)?\s?(?:%|GiB|MiB|KiB|GB|MB|ms\b|s\b|min\b|h\b|tok/s|tokens/s|frames/s)"
+    r"|\bx\d+(?:\.\d+)?\b|\b\d+(?:\.\d+)?x\b|\bp\s?[=<]\s?0?\.\d"
+)
+# Where a figure may come from: a results file, a test that asserts it on every CI run, or a
+# statement that it is not a measurement.
+SOURCE = re.compile(
+    r"bench/results/|tests/\w+/test_\w+\.py|not measured|arithmetic|FLOP count|by construction"
+)
+RESULTS_PATH = re.compile(r"bench/results/[\w./*+-]*\w")
+
+
+def paragraphs_with_unsourced_figures(text: str) -> list[str]:
+    """The paragraphs of a page that quote a figure (outside rendered blocks, code and inline
+    code, where settings and outputs are written) without naming where it comes from, in the
+    paragraph itself or, for a table, in the paragraph that introduces it."""
+    text = re.sub(r"<!-- results:(\w+) -->.*?<!-- /results:\1 -->", "", text, flags=re.DOTALL)
+    text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    text = re.sub(
+        r"`[^`\n]*`", lambda span: span.group(0) if SOURCE.search(span.group(0)) else "`code`", text
+    )
+    unsourced, previous = [], ""
+    for paragraph in re.split(r"\n\s*\n|\n(?=#)", text):
+        table = paragraph.lstrip().startswith("|")
+        if FIGURE.search(paragraph) and not (SOURCE.search(paragraph) or (table and SOURCE.search(previous))):
+            unsourced.append(paragraph.strip())
+        previous = paragraph
+    return unsourced
+
+
+def test_every_figure_names_its_source() -> None:
+    # docs/configuration.md is rendered from the code's docstrings; dated pages under docs/results/
+    # are records of older runs, each marked so at its top.
+    unsourced = []
+    for page in renderer().pages(REPO):
+        if page.name == "configuration.md" or page.parent.name == "results":
+            continue
+        unsourced += [
+            f"{page.relative_to(REPO)}: {p[:120]!r}"
+            for p in paragraphs_with_unsourced_figures(page.read_text())
+        ]
+    assert not unsourced, "\n".join(unsourced)
+
+
+def test_the_figure_check_catches_an_unsourced_figure() -> None:
+    assert paragraphs_with_unsourced_figures("A step takes 1.2 s.\n\nIt is fast.") == ["A step takes 1.2 s."]
+    assert paragraphs_with_unsourced_figures("Measured (`bench/results/x/run.json`): 1.2 s.") == []
+    assert paragraphs_with_unsourced_figures("From `bench/results/x.json`:\n\n| a |\n|---|\n| 3 s |") == []
+    assert (
+        paragraphs_with_unsourced_figures(
+            "Set `--budget 3GB`.\n\n<!-- results:x -->\n4 s\n<!-- /results:x -->"
+        )
+        == []
+    )
+
+
+def test_every_dated_results_page_says_what_it_is_and_every_results_path_exists() -> None:
+    for page in sorted((REPO / "docs" / "results").glob("*.md")):
+        assert re.match(r"# .+\n\n> \*\*Superseded", page.read_text()), (
+            f"{page.name}: no superseded note at its top"
+        )
+    missing = []
+    for page in renderer().pages(REPO):
+        for path in set(RESULTS_PATH.findall(page.read_text())):
+            if not any(REPO.glob(path)):
+                missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert not missing, "\n".join(missing)
