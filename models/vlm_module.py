@@ -121,6 +121,10 @@ class VLMModule(L.LightningModule):
             at ``val_temperature`` and report ``val/sampled_accuracy`` (the mean fraction right:
             the quantity RL raises, which greedy accuracy shows only once the mode flips); 0: off.
         val_temperature: sampling temperature of those answers.
+        val_answers: validation answers the questions and scores them (accuracy, the report,
+            the predictions). False: it computes ``val/loss`` only (no generation): what a run
+            that stops when its validation loss plateaus (Lightning's ``EarlyStopping`` on
+            ``val/loss``) needs between evaluations, at the cost of a forward pass.
         max_consecutive_nonfinite: a step whose loss or gradient norm is NaN or infinite is
             skipped (no update; counted in ``train/nonfinite_skipped``); after this many in a
             row training stops with a checkpoint of the last good state.
@@ -163,6 +167,7 @@ class VLMModule(L.LightningModule):
         max_new_tokens: int = 256,
         val_samples: int = 0,
         val_temperature: float = 1.0,
+        val_answers: bool = True,
         max_consecutive_nonfinite: int = 5,
         dtype: str = "float32",
         attn_implementation: str | None = None,
@@ -525,6 +530,8 @@ class VLMModule(L.LightningModule):
         return self.evaluator.last_scores
 
     def on_validation_epoch_start(self) -> None:
+        if not self.hparams.val_answers:
+            return
         # Ranks may hold different numbers of validation batches and decode different lengths:
         # a sharded model is gathered once for the whole validation (no collective inside).
         self._validation_gathering.enter_context(self.gathered_model())
@@ -532,7 +539,8 @@ class VLMModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._val_tool_records = []
-        self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
+        if self.hparams.val_answers:
+            self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
         if self._val_tool_records:
             size = len(self._val_tool_records)
             overview = [int(m.get("num_frames", 0)) for m in batch["meta"]]
@@ -589,6 +597,8 @@ class VLMModule(L.LightningModule):
         return self.token_mean_loss(batch, reduction="sum") / tokens.clamp(min=1)
 
     def on_validation_epoch_end(self) -> None:
+        if not self.hparams.val_answers:
+            return
         datamodule = self.trainer.datamodule
         results = self.evaluator.finish(
             max(1, len(self.trainer.num_val_batches)),

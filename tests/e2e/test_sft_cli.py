@@ -121,3 +121,26 @@ def test_missing_shards_fail_before_training(
     result = run_lvrl_expecting_failure(*fit_args(tmp_path / "run", tiny_model_dir, spec, spec, max_steps=1))
     assert spec in result.stderr and message in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_fit_can_stop_when_its_validation_loss_plateaus(
+    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+) -> None:
+    """With ``val_answers: false`` validation computes the loss alone (no answers, no predictions),
+    and Lightning's EarlyStopping on it ends the fit before ``max_steps``: what the zoom bench's
+    baselines train to (a plateau, not a fixed budget)."""
+    run_dir = tmp_path / "run"
+    train, val = str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")
+    args = fit_args(run_dir, tiny_model_dir, train, val, max_steps=40)
+    run_lvrl(
+        *args,
+        "--model.init_args.val_answers",
+        "false",
+        "--trainer.callbacks+=EarlyStopping",
+        "--trainer.callbacks.monitor=val/loss",
+        "--trainer.callbacks.patience=1",
+        "--trainer.callbacks.min_delta=100",  # no check improves on the first by this: stop at the second
+    )
+    assert len(logged(run_dir, "val/loss")) == 2
+    assert not logged(run_dir, "val/accuracy") and not (run_dir / "predictions").exists()
+    assert logged(run_dir, "train/global_step")[-1] < 39  # stopped long before max_steps
