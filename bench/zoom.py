@@ -1,35 +1,49 @@
-"""Frames on request, measured: the zoom task's acceptance comparison over seeds.
+"""Where to look, learned: the zoom task's comparison over seeds (docs/tool-use.md, "Where to
+look, learned: the protocol and its target").
 
-Per seed, from one small model built for the task: CoT-SFT on the tool traces
-(``configs/zoom/sft_tool.yaml``: a 16-frame overview, one request of up to 16 frames, 32 frames
-seen in all), CoT-SFT on dense 256-frame input with the same steps (``sft_dense.yaml``), and
-GRPO with frame requests from the trace SFT export (``grpo_tool.yaml``); each export then
-answers the 400 held-out questions (validation and test splits) greedily, the tool-using ones
-with episodes (the rollout code). Printed: accuracy per setting (mean ± spread over seeds, and
-per seed), the dense model at 16, 64 and 256 frames, requests and frames per answer, and exact
-McNemar tests on the same questions, per seed and pooled over seeds: tool GRPO vs its SFT start
-(the target: significantly above) and tool GRPO vs dense 256 frames (the target: at least as
-accurate), with the wall time of each stage.
+Per seed, from one small model built for the task (a seed sets the data order and the sampling):
+
+- **tool SFT** on the random traces (``configs/zoom/sft_tool.yaml``: a 16-frame overview, up to
+  two requests of 16 frames) and **tool GRPO** from its export (``grpo_tool.yaml``; rewarded for
+  the answers, never for the span);
+- **dense 48** (the tool's budget, trained at 48 uniform frames), **dense 128** (the fewest uniform
+  frames that show every marker as a whole temporal patch) and **dense 256**, on the direct CoT
+  targets (``sft_dense.yaml``);
+- **oracle crop**: the overview and the right stretch given (the request of the oracle traces,
+  ``lvrl data zoom --trace-requests oracle``, written for the model: ``data.tool_given_request``).
+
+Every SFT stage trains until its validation loss plateaus (checked every ``PLATEAU_EVERY`` steps
+on ``PLATEAU_BATCHES`` validation batches, loss only; stopped after ``PLATEAU_PATIENCE`` checks
+without improvement, or at ``--max-sft-steps``). Each export then answers the validation split
+(what recipes are chosen on) and the test split (what is reported), greedily, tool runs with
+episodes (the rollout code); and the test questions again with every video swapped for another
+question's (a reading probe: a model that reads its frames falls to about chance there).
+
+Printed: per setting, accuracy (mean ± spread over seeds, and per seed), frames and visual
+tokens per answer, trainer seconds, requests, span hit rate and the probe; on the test split,
+exact McNemar tests per seed and pooled, a paired t-test over the seeds, and the verdict of the
+target stated before the runs.
 
 Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
-resumes from its last checkpoint (every 50 steps, and at a SIGTERM to its ``lvrl`` process), so
-an interrupted comparison continues where it stopped (``make demo-zoom`` is one seed of this,
-in ``runs/zoom``). A stage whose folder ran another recipe (its ``config.yaml`` differs from what
-this command would train, apart from where files live) stops the bench with the keys that
-differ. Per seed the tool runs go first (GRPO against its SFT start), then the dense baseline.
+resumes from its last checkpoint, so an interrupted comparison continues where it stopped. A
+stage whose folder ran another recipe (its ``config.yaml`` differs from what this command would
+train, apart from where files live) stops the bench with the keys that differ.
 
-Usage: python bench/zoom.py [--data data/zoom] [--seeds 0 1 2] [--out runs/zoom-bench]
-       [--family qwen3_vl] [--sft-steps 900] [--grpo-steps 200] [--longer-grpo 300 400]
-       [--grpo-set data.init_args.batch_size=16 ...] [--skip-dense]
+Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] [--seeds 0 1 2]
+       [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--grpo-steps 200]
+       [--longer-grpo 300 400] [--grpo-set data.init_args.batch_size=16 ...] [--stages ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import re
 import sys
+import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +51,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.commands.report import last_predictions, paired_comparison
+from app.commands.report import last_predictions, last_records, paired_comparison
 from bench.grpo_runs import (
     REPO,
     column,
@@ -47,22 +61,62 @@ from bench.grpo_runs import (
     run_lvrl,
     training_csv_logger,
 )
+from evaluation.significance import paired_seeds
 
 CONFIGS = REPO / "configs" / "zoom"
 CHECKPOINT_EVERY = 50
 SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+PLATEAU_EVERY = 100
+"""Steps between the validation-loss checks of an SFT stage."""
+PLATEAU_BATCHES = 5
+"""Validation batches each check reads (the first ones of the split: the same questions)."""
+PLATEAU_PATIENCE = 3
+"""Checks without an improvement of at least ``PLATEAU_MIN_DELTA`` that end an SFT stage."""
+PLATEAU_MIN_DELTA = 0.001
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One setting of the comparison."""
+
+    label: str
+    folder: str
+    config: str
+    """Its config in ``configs/zoom``."""
+    frames: int | None = None
+    """Uniform frames of a dense setting (trained and evaluated at this count); None: tool use."""
+    after: str | None = None
+    """The folder of the stage whose export it starts from (None: the built model)."""
+    oracle: bool = False
+    """Trained and evaluated on the oracle traces, their request given with the question."""
+
+    @property
+    def plateau(self) -> bool:
+        """SFT stages train until their validation loss plateaus; GRPO runs its steps."""
+        return self.after is None
+
+
 STAGES = (  # in running order: GRPO starts from the tool SFT export
-    ("tool SFT", "sft-tool", "sft_tool.yaml"),
-    ("tool GRPO", "grpo-tool", "grpo_tool.yaml"),
-    ("dense SFT, 256 frames", "sft-dense", "sft_dense.yaml"),
+    Stage("tool SFT", "sft-tool", "sft_tool.yaml"),
+    Stage("tool GRPO", "grpo-tool", "grpo_tool.yaml", after="sft-tool"),
+    Stage("dense 48", "sft-dense-48", "sft_dense.yaml", frames=48),
+    Stage("oracle crop", "sft-oracle", "sft_tool.yaml", oracle=True),
+    Stage("dense 128", "sft-dense-128", "sft_dense.yaml", frames=128),
+    Stage("dense 256", "sft-dense-256", "sft_dense.yaml", frames=256),
 )
+STAGE_NAMES = tuple(stage.folder for stage in STAGES)
+GRPO = STAGES[1]
 
 
-def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, steps: int) -> dict[str, Any]:
-    """``configs/zoom/<name>``: metrics as CSV in ``run_dir``, ``seed`` for the data order (the
-    datamodule's shuffles: without it the SFT runs of every seed would be the same run) and the
-    rollouts, the model it starts from, no validation during training."""
-    config = yaml.safe_load((CONFIGS / name).read_text())
+def stage_config(
+    stage: Stage, run_dir: Path, start: Path, data: str, seed: int, steps: int
+) -> dict[str, Any]:
+    """``configs/zoom/<stage.config>`` for one run: metrics as CSV in ``run_dir``, ``seed`` for the
+    data order (the datamodule's shuffles: without it the SFT runs of every seed would be the same
+    run) and the rollouts, the model it starts from, at most ``steps`` steps; a dense stage at its
+    frames, the oracle crop with its request given; an SFT stage validates its loss alone (on the
+    first validation batches) and stops when it plateaus, a GRPO stage validates nothing."""
+    config = yaml.safe_load((CONFIGS / stage.config).read_text())
     config["seed_everything"] = seed
     trainer = config["trainer"]
     trainer.update(default_root_dir=str(run_dir), max_steps=steps, limit_val_batches=0)
@@ -72,10 +126,32 @@ def stage_config(name: str, run_dir: Path, start: Path, data: str, seed: int, st
             callback["init_args"]["seed"] = seed
         if callback["class_path"].endswith("RunCheckpoint"):  # what a killed stage resumes from
             callback["init_args"]["every_n_train_steps"] = min(steps, CHECKPOINT_EVERY)
-    config["model"]["init_args"]["model_path"] = str(start)
-    config["data"]["init_args"].update(
-        train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar", seed=seed
-    )
+    model = config["model"]["init_args"]
+    model["model_path"] = str(start)
+    data_args = config["data"]["init_args"]
+    data_args.update(train_shards=f"{data}/train-*.tar", val_shards=f"{data}/val-*.tar", seed=seed)
+    if stage.frames is not None:
+        data_args.update(num_frames=stage.frames, val_num_frames=None)
+    if stage.oracle:
+        data_args["tool_given_request"] = True
+    if stage.plateau:
+        trainer.update(
+            val_check_interval=min(steps, PLATEAU_EVERY),
+            check_val_every_n_epoch=None,
+            limit_val_batches=PLATEAU_BATCHES,
+        )
+        model["val_answers"] = False
+        trainer["callbacks"].append(
+            {
+                "class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                "init_args": {
+                    "monitor": "val/loss",
+                    "mode": "min",
+                    "patience": PLATEAU_PATIENCE,
+                    "min_delta": PLATEAU_MIN_DELTA,
+                },
+            }
+        )
     return config
 
 
@@ -207,24 +283,57 @@ def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None)
     return timed_once(run_dir, work)
 
 
-def evaluate(run_dir: Path, data: str) -> tuple[Path, float]:
-    """The run's export answers every held-out question with the run's own validation settings
-    (episodes for the tool-using runs, the frame sweep for the dense one); returns the
-    evaluation's folder and its wall time."""
-    out = run_dir.parent / f"{run_dir.name}-eval"
+def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, float]:
+    """The run's export answers every question of ``shards`` with the run's own validation
+    settings (episodes for the tool-using runs, its frames for a dense one), into
+    ``<run>-<name>``; returns that folder and its wall time."""
+    out = run_dir.parent / f"{run_dir.name}-{name}"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     trainer = config["trainer"]
     trainer.update(default_root_dir=str(out), limit_val_batches=None)
+    trainer["callbacks"] = [c for c in trainer["callbacks"] if not c["class_path"].endswith("EarlyStopping")]
     # version 0 pinned: an evaluation is never resumed, and a rerun of a stopped one replaces it.
     trainer["logger"][0]["init_args"].update(save_dir=str(out), version=0)
-    config["model"]["init_args"]["model_path"] = str(run_dir / "hf")
-    config["data"]["init_args"]["val_shards"] = f"{data}/{{val,test}}-*.tar"
+    config["model"]["init_args"].update(model_path=str(run_dir / "hf"), val_answers=True)
+    config["data"]["init_args"]["val_shards"] = shards
 
     def work() -> None:
         (out / "config.yaml").write_text(yaml.safe_dump(config))
         run_lvrl(out, ["validate", "--config", str(out / "config.yaml")], log_name="eval.log")
 
     return out, timed_once(out, work)
+
+
+def swapped_videos(data: Path, split: str, out: Path) -> Path:
+    """The reading probe's questions: ``split``'s shards rewritten into ``out`` with each
+    question's video replaced by the next question's (in key order, the last by the first), the
+    rows (questions, answers, traces) untouched. A model that reads its frames answers these at
+    about chance; one that answers from the text alone does not move. Written once."""
+    target = out / f"{split}-00000.tar"
+    if target.exists():
+        return out
+    members: dict[str, dict[str, bytes]] = {}
+    for shard in sorted(data.glob(f"{split}-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                key, _, extension = member.name.rpartition(".")
+                reader = tar.extractfile(member)
+                if reader is not None:
+                    members.setdefault(key, {})[extension] = reader.read()
+    keys = sorted(members)
+    if len(keys) < 2:
+        raise ValueError(f"{data}: the probe swaps videos between questions, {split} has {len(keys)}")
+    out.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    with tarfile.open(partial, "w") as tar:
+        for index, key in enumerate(keys):
+            files = dict(members[key], mp4=members[keys[(index + 1) % len(keys)]]["mp4"])
+            for extension, payload in sorted(files.items()):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    partial.rename(target)
+    return out
 
 
 def last(metrics: Path, name: str) -> float:
@@ -292,6 +401,17 @@ def longer_grpo_report(
     return f"\n{title}\n{table}\n{test}"
 
 
+def answered(eval_dirs: list[Path]) -> dict[str, bool]:
+    """Every question's correctness over ``eval_dirs`` (question ids name their split)."""
+    merged: dict[str, bool] = {}
+    for eval_dir in eval_dirs:
+        predictions = last_predictions(eval_dir)
+        if predictions is None:
+            raise RuntimeError(f"{eval_dir} wrote no predictions")
+        merged.update(predictions)
+    return merged
+
+
 def continue_grpo(
     first: Path,
     data: str,
@@ -302,30 +422,183 @@ def continue_grpo(
 ) -> list[tuple[int, dict[str, bool]]]:
     """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
     it, each from the one before's last checkpoint, with the same ``settings`` as the first:
-    :func:`with_settings`), each evaluated: its held-out answers."""
+    :func:`with_settings`), each evaluated on the validation and test splits: its answers."""
     answers = []
     previous = first
     for steps in lengths:
         run_dir = first.parent / f"grpo-tool-{steps}"
-        config = stage_config("grpo_tool.yaml", run_dir, first.parent / "sft-tool" / "hf", data, seed, steps)
+        config = stage_config(GRPO, run_dir, first.parent / "sft-tool" / "hf", data, seed, steps)
         config = with_settings(config, settings or [])
         if config["model"]["init_args"].get("lr_schedule", "constant") != "constant":
             sys.exit("--longer-grpo continues a run: its learning rate must be constant")
         trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
-        eval_dir, evaluated = evaluate(run_dir, data)
+        evaluations = [evaluate(run_dir, f"{data}/{split}-*.tar", split) for split in ("val", "test")]
         seconds.setdefault(f"tool GRPO to {steps} training", []).append(trained)
-        seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(evaluated)
-        predictions = last_predictions(eval_dir)
-        if predictions is None:
-            raise RuntimeError(f"{eval_dir} wrote no predictions")
-        answers.append((steps, predictions))
+        seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(sum(t for _, t in evaluations))
+        answers.append((steps, answered([folder for folder, _ in evaluations])))
         previous = run_dir
     return answers
+
+
+@dataclass
+class SeedResult:
+    """One stage of one seed: what the report reads."""
+
+    seed: int
+    accuracy: dict[str, float]
+    """Per evaluation (``val``, ``test``, ``probe``)."""
+    answers: dict[str, bool]
+    """Test questions: right or not."""
+    frames: float
+    """Frames seen per test answer."""
+    trainer_seconds: float
+    requests: float = float("nan")
+    span_hit: float = float("nan")
+    hits: dict[str, bool] | None = None
+    """Test questions: whether the answer's requests covered half the answer's stretch."""
+
+
+def span_hits(eval_dir: Path) -> dict[str, bool]:
+    """Per question of an evaluation, whether its served spans hit the answer's stretch."""
+    return {r["problem_id"]: bool(r["span_hit"]) for r in last_records(eval_dir) or [] if "span_hit" in r}
+
+
+def tokens_per_frame(model: Path, frame_side: int, max_pixels: int) -> float:
+    """Visual tokens one frame of the zoom task costs the built model (arithmetic: the frame as the
+    data resizes it, merged patches per temporal patch, over the frames of one temporal patch)."""
+    from transformers import AutoConfig
+
+    from datamodules.video import fit_to_pixel_budget
+    from models.families import family_of
+
+    family = family_of(AutoConfig.from_pretrained(model))
+    side = family.merged_patch_pixels
+    height, width = fit_to_pixel_budget(frame_side, frame_side, max_pixels, factor=side)
+    return (height // side) * (width // side) / family.temporal_patch_size
+
+
+def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> str:
+    """The settings side by side on ``split`` (``val``: where recipes are chosen; ``test``: the
+    comparison, with the reading probe)."""
+    headers = ["setting", "accuracy", "per seed", "frames / answer", "visual tokens / answer", "trainer s"]
+    headers += ["requests / answer", "span hit rate"] + (
+        ["another video's frames"] if split == "test" else []
+    )
+    rows = []
+    for label, seeds in results.items():
+        if not seeds:
+            continue
+        accuracy = [r.accuracy[split] for r in seeds]
+        frames = [r.frames for r in seeds]
+        row = [
+            label,
+            mean_and_spread(accuracy),
+            ", ".join(f"{r.seed}: {r.accuracy[split]:.3f}" for r in seeds),
+            mean_and_spread(frames, 1),
+            mean_and_spread([f * tokens for f in frames], 0),
+            mean_and_spread([r.trainer_seconds for r in seeds], 0),
+            mean_and_spread([r.requests for r in seeds], 2),
+            mean_and_spread([r.span_hit for r in seeds]),
+        ]
+        if split == "test":
+            row.append(mean_and_spread([r.accuracy["probe"] for r in seeds]))
+        rows.append(row)
+    return markdown(headers, rows)
+
+
+def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
+    """Test-split tests: per question (exact McNemar, per seed and pooled) and over seeds (paired
+    t-test), for tool GRPO against its SFT start, against dense at its budget and against each
+    dense baseline; tool SFT against dense at its budget; and the span hit rate, GRPO vs SFT."""
+    lines = []
+    pairs = [("tool GRPO", "tool SFT"), ("tool SFT", "dense 48")]
+    pairs += [
+        ("tool GRPO", label) for label in results if label.startswith("dense") or label == "oracle crop"
+    ]
+    for new, base in pairs:
+        if not results.get(new) or not results.get(base):
+            continue
+        seeds = [r.seed for r in results[new]]
+        if seeds != [r.seed for r in results[base]]:
+            continue
+        lines.append(
+            paired_line(
+                f"{new} vs {base}",
+                seeds,
+                [r.answers for r in results[base]],
+                [r.answers for r in results[new]],
+            )
+        )
+        if len(seeds) > 1:
+            over = paired_seeds(
+                [r.accuracy["test"] for r in results[base]], [r.accuracy["test"] for r in results[new]]
+            )
+            lines.append(f"  over seeds: {over.line()}")
+    grpo, sft = results.get("tool GRPO"), results.get("tool SFT")
+    if grpo and sft and all(r.hits for r in grpo + sft):
+        seeds = [r.seed for r in grpo]
+        lines.append(
+            paired_line(
+                "span hit, tool GRPO vs tool SFT",
+                seeds,
+                [r.hits or {} for r in sft],
+                [r.hits or {} for r in grpo],
+            )
+        )
+        if len(seeds) > 1:
+            over = paired_seeds([r.span_hit for r in sft], [r.span_hit for r in grpo])
+            lines.append(f"  over seeds: {over.line()}")
+    return lines
+
+
+def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
+    """The target stated before the runs (docs/tool-use.md), point by point, on the test split."""
+
+    def mean_accuracy(label: str) -> float:
+        values = [r.accuracy["test"] for r in results.get(label, [])]
+        return sum(values) / len(values) if values else float("nan")
+
+    grpo = mean_accuracy("tool GRPO")
+    # A dense baseline reads when the probe (another video's frames) costs it 10 points or more.
+    reading = {
+        label: mean_accuracy(label)
+        for label, seeds in results.items()
+        if label.startswith("dense")
+        and seeds
+        and mean_accuracy(label) - sum(r.accuracy["probe"] for r in seeds) / len(seeds) >= 0.10
+    }
+    lines = [
+        f"- target: tool GRPO {grpo:.3f} vs dense 48 {mean_accuracy('dense 48'):.3f}: "
+        + ("met" if grpo - mean_accuracy("dense 48") >= 0.10 else "NOT met")
+        + " (at least +0.10)"
+    ]
+    if reading:
+        best = max(reading, key=reading.__getitem__)
+        lines.append(
+            f"- target: within 0.05 of the best dense baseline that reads ({best}, {reading[best]:.3f}): "
+            + ("met" if grpo >= reading[best] - 0.05 else "NOT met")
+        )
+    else:
+        lines.append("- target: within 0.05 of the best dense baseline that reads: no dense baseline reads")
+    grpo_runs, sft_runs = results.get("tool GRPO", []), results.get("tool SFT", [])
+    if len(grpo_runs) > 1 and [r.seed for r in grpo_runs] == [r.seed for r in sft_runs]:
+        over = paired_seeds([r.span_hit for r in sft_runs], [r.span_hit for r in grpo_runs])
+        higher = over.mean > 0 and over.p_value < 0.05
+        lines.append(
+            "- target: span hit rate above the SFT start across seeds: "
+            f"{'met' if higher else 'NOT met'} ({over.line()})"
+        )
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
+    parser.add_argument(
+        "--oracle-data",
+        default="data/zoom-oracle",
+        help="the same task with oracle traces, for the oracle crop (built if missing: the same videos)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/zoom-bench")
     parser.add_argument(
@@ -334,11 +607,10 @@ def main() -> None:
         help="model family of the small model (qwen3_vl writes each frame's time as text; docs/tool-use.md)",
     )
     parser.add_argument(
-        "--sft-steps",
+        "--max-sft-steps",
         type=int,
-        default=900,
-        help="steps of each SFT (both configs' budget; 1,200 leave the tool GRPO nothing to learn: "
-        "docs/tool-use.md)",
+        default=3000,
+        help="most steps of an SFT stage (each stops at its plateau)",
     )
     parser.add_argument("--grpo-steps", type=int, default=200)
     parser.add_argument(
@@ -360,88 +632,104 @@ def main() -> None:
         "count is chosen on the validation split (pooled over seeds) and reported on the test split",
     )
     parser.add_argument(
-        "--skip-dense",
-        action="store_true",
-        help="run each seed's tool path only (tool SFT, GRPO and its continuations); the dense baseline "
-        "(the longest stage, ~2 h a seed on 2 cores) and the tool-vs-dense test are left out",
+        "--stages",
+        nargs="+",
+        choices=STAGE_NAMES,
+        default=list(STAGE_NAMES),
+        help="the stages to run (all by default; tool GRPO needs tool SFT)",
     )
     args = parser.parse_args()
     if sorted(set(args.longer_grpo)) != args.longer_grpo or any(
         n <= args.grpo_steps for n in args.longer_grpo
     ):
         parser.error("--longer-grpo: increasing step counts, each above --grpo-steps")
-    out, data = Path(args.out), args.data
-    if not (Path(data) / "dataset.json").exists():
-        run_lvrl(out, ["data", "zoom", "--out", data], log_name="data.log")
+    if "grpo-tool" in args.stages and "sft-tool" not in args.stages:
+        parser.error("--stages: grpo-tool starts from sft-tool's export")
+    out, data, oracle_data = Path(args.out), args.data, args.oracle_data
+    stages = [stage for stage in STAGES if stage.folder in args.stages]
+    for folder, traces in ((data, "random"), (oracle_data, "oracle")):
+        needed = traces == "random" or any(stage.oracle for stage in stages)
+        if needed and not (Path(folder) / "dataset.json").exists():
+            command = ["data", "zoom", "--out", folder, "--trace-requests", traces]
+            run_lvrl(out, command, log_name=f"data-{traces}.log")
     model = out / "model-small"
     # --reuse keeps the model the folder's finished stages were trained from and refuses one of
     # another family: mixing them would compare runs of two different models.
     build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model), "--reuse"]
     run_lvrl(out, [*build, "--corpus", f"{data}/train-00000.tar"], log_name="model-build.log")
-    accuracy: dict[str, list[float]] = {label: [] for label, _, _ in STAGES}
-    answers: dict[str, list[dict[str, bool]]] = {label: [] for label, _, _ in STAGES}
-    extra: dict[str, list[float]] = {"dense 16": [], "dense 64": [], "requests": [], "frames": []}
+    results: dict[str, list[SeedResult]] = {stage.label: [] for stage in stages}
     seconds: dict[str, list[float]] = {}
     longer: dict[int, list[dict[str, bool]]] = {}
-    stages = [stage for stage in STAGES if not (args.skip_dense and stage[1] == "sft-dense")]
+    sft_answers: list[dict[str, bool]] = []
+    first_grpo: list[dict[str, bool]] = []
     for seed in args.seeds:
-        for label, folder, config_name in stages:
-            run_dir = out / f"seed{seed}" / folder
-            start = run_dir.parent / "sft-tool" / "hf" if folder == "grpo-tool" else model
-            steps = args.grpo_steps if folder == "grpo-tool" else args.sft_steps
-            config = stage_config(config_name, run_dir, start, data, seed, steps)
-            if folder == "grpo-tool":
+        for stage in stages:
+            run_dir = out / f"seed{seed}" / stage.folder
+            start = run_dir.parent / stage.after / "hf" if stage.after else model
+            steps = args.grpo_steps if stage.after else args.max_sft_steps
+            stage_data = oracle_data if stage.oracle else data
+            config = stage_config(stage, run_dir, start, stage_data, seed, steps)
+            if stage.after:
                 config = with_settings(config, args.grpo_set)
             trained = train(run_dir, config)
-            eval_dir, evaluated = evaluate(run_dir, data)
-            seconds.setdefault(f"{label} training", []).append(trained)
-            seconds.setdefault(f"{label} evaluation", []).append(evaluated)
-            metrics = eval_dir / "csv"  # its CSV log, plain or gzipped as saved results keep it
-            accuracy[label].append(last(metrics, "val/accuracy"))
-            predictions = last_predictions(eval_dir)
-            if predictions is None:
-                raise RuntimeError(f"{eval_dir} wrote no predictions")
-            answers[label].append(predictions)
-            if folder == "sft-dense":
-                extra["dense 16"].append(last(metrics, "val/frames_16/accuracy"))
-                extra["dense 64"].append(last(metrics, "val/frames_64/accuracy"))
-            if folder == "grpo-tool":
-                extra["requests"].append(last(metrics, "val/requests_per_answer"))
-                extra["frames"].append(last(metrics, "val/frames_per_answer"))
-                # The continuations come next, before the dense baseline: the tool path of a seed
-                # is then whole while its dense SFT (the longest stage) still runs.
-                for steps, predictions in continue_grpo(
+            probe = swapped_videos(
+                Path(stage_data), "test", out / f"probe-{'oracle' if stage.oracle else 'random'}"
+            )
+            shards = {
+                "val": f"{stage_data}/val-*.tar",
+                "test": f"{stage_data}/test-*.tar",
+                "probe": f"{probe}/test-*.tar",
+            }
+            evaluations = {name: evaluate(run_dir, glob, name) for name, glob in shards.items()}
+            seconds.setdefault(f"{stage.label} training", []).append(trained)
+            seconds.setdefault(f"{stage.label} evaluation", []).append(
+                sum(t for _, t in evaluations.values())
+            )
+            test_dir = evaluations["test"][0]
+            tool = stage.frames is None
+            result = SeedResult(
+                seed,
+                {name: last(folder / "csv", "val/accuracy") for name, (folder, _) in evaluations.items()},
+                answered([test_dir]),
+                last(test_dir / "csv", "val/frames_per_answer") if tool else float(stage.frames or 0),
+                trained,
+            )
+            if tool:
+                result.requests = last(test_dir / "csv", "val/requests_per_answer")
+                result.span_hit = last(test_dir / "csv", "val/span_hit_rate")
+                result.hits = span_hits(test_dir)
+            results[stage.label].append(result)
+            if stage.folder == "sft-tool":
+                sft_answers.append(answered([evaluations["val"][0], test_dir]))
+            if stage.folder == "grpo-tool":
+                first_grpo.append(answered([evaluations["val"][0], test_dir]))
+                # The continuations come next, before the dense baselines: the tool path of a seed
+                # is then whole while its dense SFTs (the longest stages) still run.
+                for more, answers in continue_grpo(
                     run_dir, data, seed, args.longer_grpo, seconds, args.grpo_set
                 ):
-                    longer.setdefault(steps, []).append(predictions)
+                    longer.setdefault(more, []).append(answers)
 
-    def row(label: str, values: list[float]) -> list[str]:
-        return [label, mean_and_spread(values), ", ".join(f"{v:.3f}" for v in values)]
-
-    seen, asked = mean_and_spread(extra["frames"], 1), mean_and_spread(extra["requests"], 2)
-    rows = [
-        row("dense SFT, 16 frames", extra["dense 16"]),
-        row("dense SFT, 64 frames", extra["dense 64"]),
-        row("dense SFT, 256 frames", accuracy["dense SFT, 256 frames"]),
-        row("tool SFT", accuracy["tool SFT"]),
-        row(f"tool GRPO ({seen} frames, {asked} requests per answer)", accuracy["tool GRPO"]),
-    ]
-    steps = f"{args.sft_steps} SFT / {args.grpo_steps} GRPO steps"
-    print(f"\nzoom task, seeds {args.seeds}, {steps}, held-out questions")
-    print(markdown(["setting", "accuracy", "per seed"], rows))
-    print(paired_line("tool GRPO vs tool SFT", args.seeds, answers["tool SFT"], answers["tool GRPO"]))
-    dense = answers["dense SFT, 256 frames"]
-    if not args.skip_dense:
-        print(paired_line("tool GRPO vs dense SFT (256 frames)", args.seeds, dense, answers["tool GRPO"]))
-    if longer:
+    config = yaml.safe_load((CONFIGS / "sft_tool.yaml").read_text())
+    dataset = json.loads((Path(data) / "dataset.json").read_text())
+    size = int(dataset["config"]["size"])
+    tokens = tokens_per_frame(model, size, int(config["data"]["init_args"]["max_pixels_per_frame"]))
+    print(f"\nzoom task, seeds {args.seeds}; visual tokens a frame: {tokens:g}")
+    print("\nvalidation split (where recipes are chosen):")
+    print(report(results, tokens, "val"))
+    print("\ntest split (the comparison; nothing was chosen on it):")
+    print(report(results, tokens, "test"))
+    for line in comparisons(results):
+        print(line)
+    if longer and sft_answers and first_grpo:
         print(
             longer_grpo_report(
-                args.grpo_steps,
-                args.seeds,
-                answers["tool SFT"],
-                {args.grpo_steps: answers["tool GRPO"], **longer},
+                args.grpo_steps, args.seeds, sft_answers, {args.grpo_steps: first_grpo, **longer}
             )
         )
+    print("\nthe target stated before the runs:")
+    for line in verdict(results):
+        print(line)
     print(
         "\nwall time per seed (s): " + ", ".join(f"{k} {mean_and_spread(v, 0)}" for k, v in seconds.items())
     )

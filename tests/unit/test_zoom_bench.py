@@ -1,6 +1,7 @@
-"""bench/zoom.py's longer GRPO runs: each continues the one before from its checkpoint, with the
-recipe's changes of the first, and the length is chosen on the validation split and judged on the
-test split alone."""
+"""bench/zoom.py, the where-to-look comparison: stages in order with their plateau and frames, the
+reading probe's swapped videos, the report's splits and target verdict; the longer GRPO runs
+continue the one before from its checkpoint with the first's recipe changes, and a length is
+chosen on the validation split and judged on the test split alone."""
 
 from __future__ import annotations
 
@@ -146,9 +147,9 @@ def test_each_continuation_trains_with_the_first_runs_recipe_changes(
         lambda run_dir, config, continuing=None: trained.append((run_dir, config, continuing)) or 1.0,
     )
     monkeypatch.setattr(
-        zoom, "evaluate", lambda run_dir, data: (run_dir.parent / f"{run_dir.name}-eval", 1.0)
+        zoom, "evaluate", lambda run_dir, shards, name: (run_dir.parent / f"{run_dir.name}-{name}", 1.0)
     )
-    monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {"synth-val-000000": True})
+    monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {f"synth-{eval_dir.name[-4:]}-0": True})
     first = tmp_path / "seed1" / "grpo-tool"
     settings = ["data.init_args.batch_size=16", "model.init_args.learning_rate=5e-5"]
     zoom.continue_grpo(first, "data/zoom", 1, [300, 400], {}, settings)
@@ -207,31 +208,103 @@ def test_listings_are_tallied_against_the_held_out_rows(tmp_path: Path) -> None:
     )
 
 
-def test_skip_dense_runs_the_tool_path_only(
+def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--skip-dense trains no dense stage and prints no tool-vs-dense test; the tool rows stay."""
+    """--stages picks the settings; each trains, then answers the validation split, the test split
+    and the probe; the report keeps the splits apart and states the target's verdict."""
     data = tmp_path / "data"
     data.mkdir()
-    (data / "dataset.json").write_text("{}")
+    (data / "dataset.json").write_text(json.dumps({"config": {"size": 56}}))
     trained: list[str] = []
+    evaluated: list[tuple[str, str]] = []
     monkeypatch.setattr(zoom, "run_lvrl", lambda *args, **kwargs: None)
+    monkeypatch.setattr(zoom, "swapped_videos", lambda data, split, out: out)
+    monkeypatch.setattr(zoom, "tokens_per_frame", lambda model, side, pixels: 2.0)
     monkeypatch.setattr(
-        zoom, "train", lambda run_dir, config, continuing=None: trained.append(run_dir.name) or 1.0
+        zoom, "train", lambda run_dir, config, continuing=None: trained.append(run_dir.name) or 100.0
     )
+
+    def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, float]:
+        evaluated.append((run_dir.name, name))
+        return run_dir.parent / f"{run_dir.name}-{name}", 1.0
+
+    accuracy = {"sft-tool": 0.40, "grpo-tool": 0.60, "sft-dense-48": 0.30}
+    monkeypatch.setattr(zoom, "evaluate", evaluate)
     monkeypatch.setattr(
-        zoom, "evaluate", lambda run_dir, data: (run_dir.parent / f"{run_dir.name}-eval", 1.0)
+        zoom,
+        "last",
+        lambda metrics, name: {
+            "val/accuracy": 0.25
+            if metrics.parent.name.endswith("probe")
+            else accuracy[metrics.parent.name.rsplit("-", 1)[0]],
+            "val/frames_per_answer": 40.0,
+            "val/requests_per_answer": 1.5,
+            "val/span_hit_rate": 0.5 if "grpo" in str(metrics) else 0.25,
+        }[name],
     )
-    monkeypatch.setattr(zoom, "last", lambda metrics, name: 0.5)
-    right = {"sft-tool-eval": False, "grpo-tool-eval": True}
-    monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {"synth-val-000000": right[eval_dir.name]})
-    argv = ["zoom.py", "--data", str(data), "--seeds", "1", "--out", str(tmp_path / "out"), "--skip-dense"]
+    right = {"sft-tool-test": False, "grpo-tool-test": True, "sft-dense-48-test": False}
+    monkeypatch.setattr(
+        zoom, "last_predictions", lambda eval_dir: {"synth-test-000000": right.get(eval_dir.name, True)}
+    )
+    monkeypatch.setattr(zoom, "span_hits", lambda eval_dir: {"synth-test-000000": "grpo" in eval_dir.name})
+    argv = ["zoom.py", "--data", str(data), "--seeds", "1", "--out", str(tmp_path / "out")]
+    argv += ["--stages", "sft-tool", "grpo-tool", "sft-dense-48"]
     monkeypatch.setattr("sys.argv", argv)
     zoom.main()
     printed = capsys.readouterr().out
-    assert trained == ["sft-tool", "grpo-tool"]
-    assert "tool GRPO vs tool SFT" in printed and "vs dense SFT" not in printed
-    assert "| dense SFT, 256 frames | - |" in printed
+    assert trained == ["sft-tool", "grpo-tool", "sft-dense-48"]
+    assert evaluated[:3] == [("sft-tool", "val"), ("sft-tool", "test"), ("sft-tool", "probe")]
+    validation, test = printed.split("test split")[0], printed.split("test split")[1]
+    grpo_row = "| tool GRPO | 0.600 ± 0.000 | 1: 0.600 | 40.0 ± 0.0 | 80 ± 0 | 100 ± 0 | 1.50 ± 0.00 "
+    assert grpo_row + "| 0.500 ± 0.000 |" in validation
+    assert (
+        "| dense 48 | 0.300 ± 0.000 | 1: 0.300 | 48.0 ± 0.0 | 96 ± 0 | 100 ± 0 | - | - | 0.250 ± 0.000 |"
+        in test
+    )
+    assert "tool GRPO vs tool SFT" in test and "tool SFT vs dense 48" in test and "span hit" in test
+    assert "tool GRPO 0.600 vs dense 48 0.300: met" in test
+    # Another video's frames cost dense 48 only 5 points: it does not read, so it is no bar.
+    assert "best dense baseline that reads: no dense baseline reads" in test
+    with pytest.raises(SystemExit):
+        monkeypatch.setattr("sys.argv", [*argv[:-3], "grpo-tool"])
+        zoom.main()
+
+
+def test_an_sft_stage_stops_at_its_plateau_and_a_dense_one_trains_at_its_frames() -> None:
+    dense = zoom.stage_config(zoom.STAGES[2], Path("r"), Path("m"), "d", 0, 3000)
+    assert (
+        dense["data"]["init_args"]["num_frames"] == 48
+        and dense["data"]["init_args"]["val_num_frames"] is None
+    )
+    assert dense["model"]["init_args"]["val_answers"] is False
+    assert dense["trainer"]["limit_val_batches"] == zoom.PLATEAU_BATCHES
+    (stop,) = [c for c in dense["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
+    assert (
+        stop["init_args"]["monitor"] == "val/loss" and stop["init_args"]["patience"] == zoom.PLATEAU_PATIENCE
+    )
+    grpo = zoom.stage_config(zoom.GRPO, Path("r"), Path("m"), "d", 0, 200)
+    assert grpo["trainer"]["limit_val_batches"] == 0
+    assert not any(c["class_path"].endswith("EarlyStopping") for c in grpo["trainer"]["callbacks"])
+    oracle = zoom.stage_config(zoom.STAGES[3], Path("r"), Path("m"), "o", 0, 3000)
+    assert oracle["data"]["init_args"]["tool_given_request"] is True
+    assert oracle["data"]["init_args"]["train_shards"] == "o/train-*.tar"
+
+
+def test_the_probe_gives_each_question_another_questions_video(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    with tarfile.open(data / "test-00000.tar", "w") as tar:
+        for index in range(3):
+            for extension, payload in (("json", f"row {index}"), ("mp4", f"video {index}")):
+                info = tarfile.TarInfo(f"synth-test-{index:06d}.{extension}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload.encode()))
+    out = zoom.swapped_videos(data, "test", tmp_path / "probe")
+    with tarfile.open(out / "test-00000.tar") as tar:
+        files = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}
+    assert [files[f"synth-test-{i:06d}.json"] for i in range(3)] == ["row 0", "row 1", "row 2"]
+    assert [files[f"synth-test-{i:06d}.mp4"] for i in range(3)] == ["video 1", "video 2", "video 0"]
 
 
 def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path) -> None:
@@ -242,12 +315,12 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
     run_dir = out / "seed0" / "sft-tool"
     run_dir.mkdir(parents=True)
     restored = elsewhere / "seed0" / "sft-tool"
-    recorded = zoom.stage_config("sft_tool.yaml", restored, elsewhere / "model-small", "d", 0, 600)
+    recorded = zoom.stage_config(zoom.STAGES[0], restored, elsewhere / "model-small", "d", 0, 600)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
     (run_dir / "done").write_text(json.dumps({"seconds": 12.0}))
-    same = zoom.stage_config("sft_tool.yaml", run_dir, out / "model-small", "d", 0, 600)
+    same = zoom.stage_config(zoom.STAGES[0], run_dir, out / "model-small", "d", 0, 600)
     assert zoom.train(run_dir, same) == 12.0
-    longer = zoom.stage_config("sft_tool.yaml", run_dir, out / "model-small", "d", 0, 900)
+    longer = zoom.stage_config(zoom.STAGES[0], run_dir, out / "model-small", "d", 0, 900)
     with pytest.raises(SystemExit, match=r"trainer\.max_steps: 600 -> 900"):
         zoom.train(run_dir, longer)
     (run_dir / "done").unlink()  # a stopped run is not resumed under another recipe either
@@ -256,7 +329,7 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
 
     grpo_dir = out / "seed0" / "grpo-tool"
     grpo_dir.mkdir()
-    grpo = zoom.stage_config("grpo_tool.yaml", grpo_dir, run_dir / "hf", "d", 0, 200)
+    grpo = zoom.stage_config(zoom.GRPO, grpo_dir, run_dir / "hf", "d", 0, 200)
     default = grpo["trainer"]["callbacks"][0]["init_args"]["temperature"]  # the config's own
     hotter = with_settings(
         copy.deepcopy(grpo), [f"trainer.callbacks.0.init_args.temperature={default + 0.5}"]
