@@ -7,15 +7,20 @@ Settings, each a GRPO run from the same SFT export and seed (``--seeds`` of them
     mismatch+TIS  the mismatch, truncated importance sampling (token level, C = 2)
     mismatch+MIS  the mismatch, masked importance sampling (geometric level, [0.5, 2])
 
-The mismatch is either the engine in bfloat16 (``--mismatch bf16``: what GPU runs do; the
-trainer stays float32; the module refuses it uncorrected, so that setting is skipped) or
-Gaussian noise on the log-probs the engine reports (``--mismatch noise``,
-:class:`PerturbedLogprobs`; the tokens are the engine's own). Printed per
+The mismatch is the engine in bfloat16 (``--mismatch bf16``: what GPU runs do; the trainer
+stays float32; the module refuses it uncorrected, so that setting is skipped), or the engine
+sampling from perturbed weights (``--mismatch weights``, :class:`PerturbedWeights`: every
+weight it receives times ``1 + N(0, weight_noise^2)``, drawn anew at each sync; it samples from
+that policy and reports that policy's log-probs, so the behaviour policy really differs from the
+trainer's and the importance weights have something to correct), or Gaussian noise on the
+log-probs the engine reports (``--mismatch noise``, :class:`PerturbedLogprobs`; kept for the
+November runs: the tokens stay the engine's own, so the right importance weight is 1 and
+TIS/MIS weights are noise: it cannot show a correction restoring anything). Printed per
 setting: the mean training-rollout accuracy over the last ``--tail`` steps (mean and spread over
 seeds), the mean trainer-engine gap, and the correction's weight statistics.
 
 Usage: python bench/mismatch.py --sft runs/demo/sft/hf [--steps 100] [--seeds 0 1 2]
-       [--mismatch bf16|noise] [--noise-std 0.3] [--out runs/mismatch]
+       [--mismatch weights|bf16|noise] [--weight-noise 0.05] [--noise-std 0.3] [--out runs/mismatch]
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -85,7 +90,38 @@ class PerturbedLogprobs(RolloutEngine):
         self.engine.shutdown()
 
 
-def engine_config(setting: str, mismatch: str, noise_std: float, seed: int) -> dict:
+class PerturbedWeights(PerturbedLogprobs):
+    """Another engine that samples from perturbed weights: each floating-point weight it receives
+    is multiplied by ``1 + N(0, std^2)`` (a fresh draw at every sync, seeded), and the engine's
+    policy is perturbed the same way as soon as it starts. Its log-probs are its own policy's:
+    the behaviour policy differs from the trainer's by a known amount, and is reported right."""
+
+    def start(self, policy: PolicyHandle) -> None:
+        from rollout.weight_sync import sync_weights
+
+        self.engine.start(policy)
+        if self.needs_weight_sync and policy.model is not None:
+            sync_weights(self, policy.model.named_parameters())
+
+    def generate(self, requests: Sequence[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
+        return self.engine.generate(requests, sampling)
+
+    def perturbed(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            if tensor.is_floating_point():
+                noise = torch.randn(tensor.shape, generator=self.generator, dtype=torch.float32)
+                tensor = (tensor.float() * (1.0 + self.std * noise)).to(tensor.dtype)
+            yield name, tensor
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.engine.update_weights(list(self.perturbed(named_tensors)))
+
+
+def engine_config(
+    setting: str, mismatch: str, noise_std: float, seed: int, weight_noise: float = 0.05
+) -> dict:
     vllm_args = {"max_model_len": 1024, "dtype": "float32"}
     vllm = {"class_path": "rollout.vllm_engine.VLLMEngine", "init_args": vllm_args}
     if setting == "float32":
@@ -93,6 +129,9 @@ def engine_config(setting: str, mismatch: str, noise_std: float, seed: int) -> d
     if mismatch == "bf16":
         vllm_args["dtype"] = "bfloat16"
         return vllm
+    if mismatch == "weights":
+        perturbed = {"engine": vllm, "std": weight_noise, "seed": seed}
+        return {"class_path": "bench.mismatch.PerturbedWeights", "init_args": perturbed}
     noisy = {"engine": vllm, "std": noise_std, "seed": seed}
     return {"class_path": "bench.mismatch.PerturbedLogprobs", "init_args": noisy}
 
@@ -101,7 +140,7 @@ def run(setting: str, seed: int, args: argparse.Namespace) -> Path:
     run_dir = Path(args.out) / f"{setting}-seed{seed}"
     config = demo_grpo_config(run_dir, args.sft, args.data, seed, args.steps)
     rollout_callback(config)["init_args"]["engine"] = engine_config(
-        setting, args.mismatch, args.noise_std, seed
+        setting, args.mismatch, args.noise_std, seed, args.weight_noise
     )
     correction = CORRECTIONS.get(setting.split("+")[-1]) if "+" in setting else None
     config["model"]["init_args"]["rollout_correction"] = correction
@@ -117,8 +156,14 @@ def main() -> None:
     parser.add_argument(
         "--tail", type=int, default=20, help="steps at the end whose rollout accuracy is averaged"
     )
-    parser.add_argument("--mismatch", choices=["bf16", "noise"], default="noise")
-    parser.add_argument("--noise-std", type=float, default=0.3)
+    parser.add_argument("--mismatch", choices=["weights", "bf16", "noise"], default="weights")
+    parser.add_argument("--noise-std", type=float, default=0.3, help="--mismatch noise: the log-probs' noise")
+    parser.add_argument(
+        "--weight-noise",
+        type=float,
+        default=0.05,
+        help="--mismatch weights: the relative noise on each weight",
+    )
     parser.add_argument("--out", default="runs/mismatch")
     parser.add_argument(
         "--settings", nargs="+", default=["float32", "mismatch", "mismatch+TIS", "mismatch+MIS"]
