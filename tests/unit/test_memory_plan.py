@@ -612,10 +612,11 @@ def test_lvrl_plan_plans_a_published_qwen3_vl_model() -> None:
     written = f"video 32 (16 frames; {timestamps} more in the prompt for their times)"
     assert f"{written}, prompt {32 + 195 + timestamps}" in result.stdout
     assert "x 4 levels (the embedding and its DeepStack features)" in result.stdout
-    # The config's episodes: one request of 16 frames (8 patches of 4 tokens, their times, its text).
-    replies = 32 + timestamps + TOOL_REPLY_TEXT_TOKENS
+    # The config's episodes: two requests of 16 frames (each 8 patches of 4 tokens, their times,
+    # its text), three turns.
+    replies = 2 * (32 + timestamps + TOOL_REPLY_TEXT_TOKENS)
     assert (
-        f"2 turns x 96 = 192, replies {replies} (1 request(s), 16 frames = 32 video tokens" in result.stdout
+        f"3 turns x 96 = 288, replies {replies} (2 request(s), 32 frames = 64 video tokens" in result.stdout
     )
 
 
@@ -665,7 +666,7 @@ def test_a_reply_has_no_more_text_tokens_than_the_planner_allows() -> None:
 def test_run_settings_read_the_rollouts_tool_budget() -> None:
     config = yaml.safe_load((REPO_ROOT / "configs/zoom/grpo_tool.yaml").read_text())
     run = run_settings(config)
-    assert (run.tool_calls, run.tool_frames, run.completion_tokens) == (1, 16, 96)
+    assert (run.tool_calls, run.tool_frames, run.completion_tokens) == (2, 32, 96)
     rollout = config["trainer"]["callbacks"][0]["init_args"]
     rollout["tool_use"] = {"max_calls": 3, "frames_per_call": 8, "frames_per_episode": 32}
     assert (run_settings(config).tool_calls, run_settings(config).tool_frames) == (3, 24)  # 3 x 8 < 32
