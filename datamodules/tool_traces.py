@@ -144,8 +144,10 @@ def trace_target(
     is not taught.
     """
     trace = sample.row.extra.get("tool_trace")
+    if not isinstance(trace, dict):
+        return None  # before the video's bytes are copied for the tool
     source = stored_video(sample, settings)
-    if not isinstance(trace, dict) or source is None:
+    if source is None:
         return None
     tokenizer = processor.tokenizer
     state = EpisodeFrames(settings.budget)

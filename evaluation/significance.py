@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
     """The continued fraction of the incomplete beta function (converges for x < (a + 1) / (a + b + 2))."""
-    tiny, value = 1e-300, 1.0
+    tiny = 1e-300
     c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
     d = 1.0 / (d if abs(d) > tiny else tiny)
     value = d
