@@ -38,8 +38,8 @@ from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from datatools.shard_writer import write_shards
 from datatools.synthetic import SynthConfig, encoded_samples
+from families import family_of
 from models.build import build_model_dir
-from models.families import family_of
 from models.grpo import GRPOModule
 from models.lora import parameter_bytes
 from models.sft import SFTModule

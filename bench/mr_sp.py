@@ -67,8 +67,8 @@ from bench.real_width import build_real_width_model_dir, describe, tokens_per_fr
 from bench.synthetic_video import video_inputs  # noqa: E402
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from evaluation.provenance import provenance  # noqa: E402
+from families import position_rule_of  # noqa: E402
 from models.build import build_model_dir  # noqa: E402
-from models.families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402
 from models.logprobs import input_embeddings  # noqa: E402
 from models.vision import encode_videos  # noqa: E402

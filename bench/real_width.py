@@ -21,8 +21,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from families.presets.qwen2_5_vl import make_config, make_processor
 from models.build import PRESETS, instantiate, save_model_dir
-from models.presets.qwen2_5_vl import make_config, make_processor
 
 # Qwen2.5-VL-7B-Instruct's published vision_config (config.json on the hub), copied as numbers.
 VISION_7B: dict[str, Any] = {

@@ -53,7 +53,7 @@ from bench.real_width import build_real_width_model_dir, describe, tokens_per_fr
 from bench.synthetic_video import video_inputs  # noqa: E402 (after the sys.path fix)
 from core.layout import PromptLayout, ScoringBatch  # noqa: E402 (after the sys.path fix)
 from evaluation.provenance import provenance  # noqa: E402
-from models.families import position_rule_of  # noqa: E402
+from families import position_rule_of  # noqa: E402
 from models.loading import load_model, load_processor  # noqa: E402 (after the sys.path fix)
 from models.logprobs import completion_logprobs  # noqa: E402 (after the sys.path fix)
 from models.vision import encode_videos  # noqa: E402 (after the sys.path fix)

@@ -469,7 +469,7 @@ def tokens_per_frame(model: Path, frame_side: int, max_pixels: int) -> float:
     from transformers import AutoConfig
 
     from datamodules.video import fit_to_pixel_budget
-    from models.families import family_of
+    from families import family_of
 
     family = family_of(AutoConfig.from_pretrained(model))
     side = family.merged_patch_pixels

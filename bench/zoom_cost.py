@@ -78,8 +78,8 @@ from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from core.layout import PromptLayout, ScoringBatch
 from datamodules.prompts import encode_video_prompt
 from datamodules.rows import QARow
+from families import ModelFamily, family_of
 from models.build import PRESETS, build_model, count_parameters
-from models.families import ModelFamily, family_of
 from models.logprobs import completion_logprobs
 from models.published import QWEN3_VL_PUBLISHED, build_published
 from models.vision import encode_videos, vision_tower

@@ -44,7 +44,7 @@ from core.device_memory import PhasePeaks
 from core.frame_requests import FrameBudget
 from core.settings import settings_block
 from core.video import VideoEncoder
-from models.families import family_of
+from families import family_of
 from parallel.collectives import share_out
 from rewards.combine import RewardSpec, default_reward_specs
 from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig

@@ -28,7 +28,7 @@ from core.video import VideoEmbedding
 @dataclass(frozen=True)
 class PositionRule:
     """The model constants the M-RoPE rule needs; a model's comes from its family
-    (:func:`models.families.position_rule_of`)."""
+    (:func:`families.position_rule_of`)."""
 
     spatial_merge_size: int
     tokens_per_second: float | None
@@ -106,7 +106,7 @@ class PromptLayout:
     ) -> PromptLayout:
         """The layout of row ``row`` of a HF processor's output (expanded ids, one video per row;
         ``second_per_grid_ts`` as the model's family completes it,
-        :meth:`models.families.ModelFamily.second_per_grid`)."""
+        :meth:`families.ModelFamily.second_per_grid`)."""
         return cls.build(
             encoded["input_ids"][row],
             video_token_id,

@@ -37,7 +37,7 @@ REPLY_CLOSE = f"\n{RESPONSE_CLOSE}<|im_end|>\n<|im_start|>assistant\n"
 
 
 class ReplyFamily(Protocol):
-    """What the reply needs of the model's family (:class:`models.families.ModelFamily` has it)."""
+    """What the reply needs of the model's family (:class:`families.ModelFamily` has it)."""
 
     @property
     def temporal_patch_size(self) -> int: ...

@@ -4,7 +4,7 @@ The processor expands the video placeholder to one ``<|video_pad|>`` per merged 
 (Qwen3-VL's: one run per temporal patch, its timestamp written before it) and returns pixel
 patches and ``video_grid_thw``; ``second_per_grid_ts`` comes from the processor or, for the
 families whose processor does not return it, from the sampled frame rate we pass as metadata
-(:meth:`models.families.ModelFamily.second_per_grid`). The prompt and the assistant target are tokenised
+(:meth:`families.ModelFamily.second_per_grid`). The prompt and the assistant target are tokenised
 separately and concatenated, so the SFT label mask covers exactly the assistant tokens and
 generation sees exactly the prompt it was trained on.
 """
@@ -21,7 +21,7 @@ from datamodules.prompts import assistant_target, chat_messages, encode_video_pr
 from datamodules.rows import QARow
 from datamodules.stream import VideoQASample
 from datamodules.tool_traces import ToolTraces, given_turn, stored_video, trace_target
-from models.families import ModelFamily
+from families import ModelFamily
 
 IGNORE_INDEX = -100
 

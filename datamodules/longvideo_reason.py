@@ -19,7 +19,7 @@ from datamodules.stream import (
     data_parallel_coordinates,
 )
 from datamodules.tool_traces import ToolTraces
-from models.families import ModelFamily, family_of
+from families import ModelFamily, family_of
 from parallel.collectives import gather_from_all_ranks
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from datamodules.rows import OPTION_LETTERS, QARow
 
 if TYPE_CHECKING:
-    from models.families import ModelFamily
+    from families import ModelFamily
 
 THINK_INSTRUCTION = (
     "Please first think deeply about the question based on the given video, and then provide the final "

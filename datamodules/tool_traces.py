@@ -35,7 +35,7 @@ from core.frame_requests import (
 from core.tool_reply import tokenize_reply
 from datamodules.stream import VideoQASample
 from datamodules.video import VideoDecodeError, decode_frames
-from models.families import ModelFamily
+from families import ModelFamily
 
 log = logging.getLogger(__name__)
 

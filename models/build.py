@@ -2,8 +2,8 @@
 
 Nothing can be downloaded on our machines, so tests and the CPU demo use real-architecture
 models made here from a size preset (:data:`PRESETS`) and a model family
-(:data:`models.presets.FAMILIES`: Qwen2-VL, Qwen2.5-VL (the default), Qwen3-VL and
-Qwen3-VL-MoE; one module each in ``models/presets/`` with the family's config, processor,
+(:data:`families.presets.FAMILIES`: Qwen2-VL, Qwen2.5-VL (the default), Qwen3-VL and
+Qwen3-VL-MoE; one module each in ``families/presets/`` with the family's config, processor,
 geometry and the frames its processor keeps untouched). ``save_pretrained`` of model,
 tokenizer and processor gives a directory that transformers (``AutoModelForImageTextToText``,
 ``AutoProcessor``) and vLLM load like a hub checkpoint. All families share lvrl's locally
@@ -13,7 +13,7 @@ Video metadata (read this before calling the processor)
 -------------------------------------------------------
 The video processors saved here never sample frames, and never resize frames that are already
 multiples of the family's merged patch (28 pixels for Qwen2-VL and Qwen2.5-VL, up to 448x448
-per frame; 32 for Qwen3-VL, within a per-video budget: see :mod:`models.presets.qwen3_vl`):
+per frame; 32 for Qwen3-VL, within a per-video budget: see :mod:`families.presets.qwen3_vl`):
 callers pass exactly the frames they decoded. transformers 5.19's ``Qwen2_5_VLProcessor``
 derives ``second_per_grid_ts = temporal_patch_size / sampled_fps`` from ``video_metadata``
 (one dict per video) with ``sampled_fps = len(frames_indices) / total_num_frames * fps``,
@@ -37,42 +37,17 @@ import dataclasses
 import json
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # torch and transformers are imported inside the functions that need them: ``lvrl`` imports
 # this module to list the presets in its --help, and importing Qwen2.5-VL costs ~3 s.
-from models.presets import DEFAULT_FAMILY, FAMILIES, family_recipe
+from families.presets import DEFAULT_FAMILY, FAMILIES, family_recipe
+from families.presets.base import Preset
 
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Sizes of one buildable model, shared by every family (each maps them onto its own
-    config: :mod:`models.presets`). ``init_std`` becomes both configs' ``initializer_range``.
-    ``mrope_section`` is Qwen2(.5)-VL's split; Qwen3-VL scales its released 24:20:20 instead."""
-
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    intermediate_size: int
-    mrope_section: tuple[int, int, int]
-    vision_depth: int
-    vision_hidden_size: int
-    vision_heads: int
-    vision_intermediate_size: int
-    init_std: float
-    description: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
 
 
 PRESETS: dict[str, Preset] = {

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from models.families import family_of
+from families import family_of
 from models.loading import load_model, load_processor
 from models.lora import ADAPTER_DIR, LoraSettings, apply_lora, merged_state_dict, save_adapter
 from rollout.weight_sync import lora_layers
@@ -64,7 +64,7 @@ def save_hf_model(model: Any, processor: Any, out_dir: str | Path) -> Path:
 
 def write_weights(model: Any, out: Path, state: dict[str, torch.Tensor] | None = None) -> None:
     """``model.save_pretrained(out)`` of ``state`` (default: the model's own), in the layout the
-    released checkpoints of its family use (:meth:`models.families.ModelFamily.released_state_dict`)."""
+    released checkpoints of its family use (:meth:`families.ModelFamily.released_state_dict`)."""
     released = family_of(model.config).released_state_dict(state if state is not None else model.state_dict())
     if released is None:
         model.save_pretrained(out, state_dict=state)

@@ -16,7 +16,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from core.layout import ScoringBatch
-from models.families import ModelFamily, VisualFeatures, family_of
+from families import ModelFamily, VisualFeatures, family_of
 
 
 def completion_logprobs(
@@ -112,7 +112,7 @@ def input_embeddings(
 ) -> torch.Tensor:
     """Token embeddings with each row's cached visual tokens in its video slots: its prompt's,
     then its tool segments' (the placeholder part of each cached encoding,
-    :meth:`models.families.ModelFamily.split_encoding`)."""
+    :meth:`families.ModelFamily.split_encoding`)."""
     embeddings = model.get_input_embeddings()(batch.input_ids.to(device))
     present = [
         encoding

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from families.presets import family_recipe
+from families.presets.base import qwen_text_fields, vision_token_ids
 from models.architectures import QWEN3_VL_PUBLISHED, published_config_json
 from models.build import PRESETS, default_dtype
-from models.presets import family_recipe
-from models.presets.base import qwen_text_fields, vision_token_ids
 
 if TYPE_CHECKING:
     import torch

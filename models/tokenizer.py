@@ -30,6 +30,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from core.frame_requests import TOOL_TAGS
+from families.presets.base import EOS_TOKEN, PAD_TOKEN
 
 # Qwen2.5-VL's special tokens, in the order of the real vocabulary (151643 ... 151656).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -49,8 +50,6 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 REASONING_TAGS: tuple[str, ...] = ("<think>", "</think>", "<answer>", "</answer>")
-EOS_TOKEN = "<|im_end|>"
-PAD_TOKEN = "<|endoftext|>"
 DEFAULT_SYSTEM_MESSAGE = "You are a helpful assistant."
 
 # Qwen2's pre-tokenization split: contractions, letter runs (with one leading non-letter),

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from models.families import family_of
+from families import family_of
 
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
@@ -22,7 +22,7 @@ def encode_videos(
     model: torch.nn.Module, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor
 ) -> list[torch.Tensor]:
     """Run the vision tower (and merger) once; one ``(num_visual_tokens, visual_width)`` tensor per
-    video, as the model's family caches it (:mod:`models.families`)."""
+    video, as the model's family caches it (:mod:`families`)."""
     vision_tower(model)  # a clear error for a model without one (e.g. the reference)
     return family_of(model.config).encode_videos(model, pixel_values_videos, video_grid_thw)
 

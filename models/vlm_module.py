@@ -38,8 +38,8 @@ from evaluation.evaluator import (
     write_predictions,
 )
 from evaluation.spans import where_it_looked
+from families import ModelFamily, family_of
 from models.export import save_hf_model
-from models.families import ModelFamily, family_of
 from models.loading import load_model, load_processor, model_skeleton
 from models.lora import LoraSettings, apply_lora
 from models.vision import decoder_blocks, encode_videos, encode_videos_in_passes, vision_tower
@@ -363,7 +363,7 @@ class VLMModule(L.LightningModule):
 
     @property
     def family(self) -> ModelFamily:
-        """The model's family (:mod:`models.families`), from its config."""
+        """The model's family (:mod:`families`), from its config."""
         assert self.model is not None
         return family_of(self.model.config)
 

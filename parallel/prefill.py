@@ -12,7 +12,7 @@ Everything that depends on the whole sequence was computed on the whole sequence
 splitting: the M-RoPE positions (in the layout) and the next-token targets (shifted by one on
 the whole row, so the token after a chunk boundary is still the target of the chunk's last
 position). It takes the embeddings built by the model side; the forward is the model family's
-(:meth:`models.families.ModelFamily.forward`, which injects Qwen3-VL's DeepStack features).
+(:meth:`families.ModelFamily.forward`, which injects Qwen3-VL's DeepStack features).
 Attention crosses ranks through Ulysses or ring attention (:mod:`parallel.attention`). Each
 rank scores its own positions, and the per-position log-probs are gathered back into row order
 so that every rank holds the full ``(rows, completion)`` tensor. With ``share_prompts`` the rows
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from core.layout import ScoringBatch
-from models.families import VisualFeatures, family_of
+from families import VisualFeatures, family_of
 from parallel.attention import SEQUENCE_PARALLEL_ATTENTION, register_sequence_parallel_attention
 from parallel.packing import ScoringRows, shared_prompt_rows, whole_rows
 from parallel.shard import SequenceShard

@@ -39,7 +39,7 @@ from core.frame_requests import (
 )
 from core.tool_reply import ReplyInputs, tokenize_reply
 from core.video import VideoEncoder
-from models.families import ModelFamily
+from families import ModelFamily
 from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
 
 

@@ -3,7 +3,7 @@
 Two layers, because they fail differently:
 
 - **Never sampled**: the vision placeholders and the markers around them
-  (:meth:`models.families.base.ModelFamily.vision_token_ids`), and the embedding's padding rows
+  (:meth:`families.base.ModelFamily.vision_token_ids`), and the embedding's padding rows
   (ids no token of the tokenizer has). Only the processor writes the placeholders; a sampled
   ``<|video_pad|>`` makes a later pass read the completion as a video slot, and a Qwen3-VL run
   in another framework died at step 44 of it (verl #5817); a padding id decodes to nothing.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from models.families import family_of
+from families import family_of
 from rollout.base import Completion
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")

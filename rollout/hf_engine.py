@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from core.video import VideoEmbedding
-from models.families import VisualFeatures, family_of
+from families import VisualFeatures, family_of
 from rollout.base import (
     Completion,
     PolicyHandle,

@@ -32,7 +32,7 @@ import torch
 
 from core.rng import rng_states, set_rng_states
 from core.video import VideoEmbedding
-from models.families import ModelFamily, family_of
+from families import ModelFamily, family_of
 from rollout.base import (
     Completion,
     RolloutEngine,

@@ -27,9 +27,9 @@ _WEIGHT_PATTERNS = (
 
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``model`` sub-commands to ``parser``."""
+    from families.presets import DEFAULT_FAMILY, FAMILIES
     from models.architectures import published_names
     from models.build import PRESETS  # light: no torch model is built at registration
-    from models.presets import DEFAULT_FAMILY, FAMILIES
 
     commands = parser.add_subparsers(dest="model_command", required=True)
     presets = "; ".join(f"{name}: {spec.description}" for name, spec in PRESETS.items())
@@ -205,8 +205,8 @@ def run_build(args: argparse.Namespace) -> None:
     if args.published is not None:
         _build_published(args)
         return
+    from families.presets import DEFAULT_FAMILY
     from models.build import PRESETS, build_model, count_parameters, save_model_dir
-    from models.presets import DEFAULT_FAMILY
 
     family = args.family or DEFAULT_FAMILY
     for option, given in (

@@ -30,9 +30,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu
 
 from helpers.engine_helpers import VLLM_ENV_DEFAULTS
 
+from families.presets import FAMILIES
 from models.build import build_model_dir
 from models.loading import load_model, load_processor
-from models.presets import FAMILIES
 
 NEW_TOKENS = 8
 VIDEO_MESSAGES = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]}]

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoProcessor
 
 from core.layout import PromptLayout
-from models.families import position_rule_of
+from families import position_rule_of
 from models.loading import load_model
 from rollout.base import PolicyHandle, RolloutRequest
 from rollout.engine_limits import EngineLimitError, RolloutShape

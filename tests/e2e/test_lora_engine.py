@@ -23,7 +23,7 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
 from core.layout import PromptLayout, ScoringBatch, pad_rows
-from models.families import position_rule_of
+from families import position_rule_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.lora import LoraSettings, adapter_parameters, apply_lora

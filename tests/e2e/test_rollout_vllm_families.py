@@ -19,7 +19,7 @@ import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 
 from core.layout import PromptLayout
-from models.families import family_of
+from families import family_of
 from models.loading import load_model, load_processor
 from models.vision import encode_videos
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig

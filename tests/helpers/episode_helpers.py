@@ -20,7 +20,7 @@ from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
 from datamodules.video import decode_frames
-from models.families import ModelFamily, family_of
+from families import ModelFamily, family_of
 from models.loading import load_model
 from models.vision import encode_videos
 from rollout import scripted

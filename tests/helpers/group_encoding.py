@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from models.families import family_of
+from families import family_of
 from models.vision import encode_videos
 from parallel.encoding import encode_videos_sequence_parallel
 

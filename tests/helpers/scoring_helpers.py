@@ -11,7 +11,7 @@ from core.layout import ScoringBatch
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from models.families import family_of
+from families import family_of
 from models.loading import load_model
 from models.vision import encode_videos
 from rollout.experience import PromptBatch

@@ -22,10 +22,10 @@ import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 
 from core.frame_requests import TOOL_TAGS
+from families.presets import DEFAULT_FAMILY, FAMILIES
+from families.presets.qwen3_vl import VIDEO_MAX_PIXELS, mrope_section
 from models.build import PRESETS, build_model, build_model_dir, count_parameters
 from models.loading import load_model, load_processor
-from models.presets import DEFAULT_FAMILY, FAMILIES
-from models.presets.qwen3_vl import VIDEO_MAX_PIXELS, mrope_section
 from models.tokenizer import CHAT_TEMPLATE, chat_template
 
 QUESTION = "What happens?"

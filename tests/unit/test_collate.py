@@ -12,7 +12,7 @@ from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.prompts import assistant_target
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from models.families import family_of
+from families import family_of
 from rewards.registry import SAMPLE_FIELDS
 
 

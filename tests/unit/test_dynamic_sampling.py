@@ -19,7 +19,7 @@ from helpers.tolerances import assert_identical
 from transformers import AutoConfig
 
 from core.episode import Episode
-from models.families import family_of
+from families import family_of
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import Completion, RolloutRequest, RolloutResult, SamplingConfig

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig, Qwen3VLMoeConfig
 
-from models.families import FAMILIES, UnsupportedModel, VisualFeatures, family_of
+from families import FAMILIES, UnsupportedModel, VisualFeatures, family_of
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 from transformers import AutoProcessor
 
-from models.families import family_of
+from families import family_of
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 

@@ -3,8 +3,8 @@
 Read from the source (every ``import`` statement, including those inside functions), so an
 import added anywhere counts. The table is the architecture: a package may import only the
 packages listed for it; ``app`` (the command line) may import everything. The model-family
-adapters (``models/families``) are a layer of their own, below the generic machinery that asks
-them (sequence-parallel prefill, engines, collator): they count as the node ``models.families``.
+adapters (``families``) are a layer of their own, below the generic machinery that asks
+them (sequence-parallel prefill, engines, collator): they count as the node ``families``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from helpers.cli import REPO_ROOT
 
-FAMILIES = "models.families"
+FAMILIES = "families"
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     FAMILIES: {"core"},
@@ -31,10 +31,10 @@ PACKAGES = {*ALLOWED, "app"}
 
 
 def node_of(dotted: str) -> str:
-    """The graph node of a module name or path: its top-level package, or ``models.families``.
+    """The graph node of a module name or path: its top-level package, or ``families``.
 
-    >>> node_of("models.families.qwen3_vl"), node_of("models.grpo")
-    ('models.families', 'models')
+    >>> node_of("families.qwen3_vl"), node_of("models.grpo")
+    ('families', 'models')
     """
     return FAMILIES if dotted == FAMILIES or dotted.startswith(FAMILIES + ".") else dotted.split(".")[0]
 
@@ -43,13 +43,10 @@ def package_imports(root: Path = REPO_ROOT) -> dict[str, dict[str, set[str]]]:
     """``{package: {imported package: {files that import it}}}`` over our packages under ``root``."""
     graph: dict[str, dict[str, set[str]]] = {}
     for package in sorted(PACKAGES):
-        folder = root / package.replace(".", "/")
+        folder = root / package
         if not folder.is_dir():
             continue
         for path in sorted(folder.rglob("*.py")):
-            module = ".".join(path.relative_to(root).with_suffix("").parts)
-            if node_of(module) != package:
-                continue  # models/families/*.py belongs to the node of its own
             edges = graph.setdefault(package, {})
             tree = ast.parse(path.read_text(), filename=str(path))
             for node in ast.walk(tree):

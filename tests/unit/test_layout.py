@@ -9,7 +9,7 @@ from helpers.tolerances import assert_identical
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch
 from core.positions import mrope_position_ids
-from models.families import family_of
+from families import family_of
 
 VIDEO = 9
 

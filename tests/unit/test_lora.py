@@ -27,8 +27,8 @@ from transformers import AutoConfig, AutoProcessor
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
+from families import family_of
 from models.export import export_checkpoint, save_hf_model
-from models.families import family_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
 from models.lora import (

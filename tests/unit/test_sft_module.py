@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoProcessor
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from models.families import family_of
+from families import family_of
 from models.sft import SFTModule
 from models.vision import vision_tower
 

@@ -25,7 +25,7 @@ from datatools.shard_writer import write_shards
 from datatools.synthetic import encoded_samples
 from datatools.zoom_task import ZoomConfig
 from datatools.zoom_task import encode_sample as zoom_sample
-from models.families import family_of
+from families import family_of
 from models.loading import load_model
 from models.sft import SFTModule
 

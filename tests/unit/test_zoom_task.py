@@ -30,7 +30,7 @@ from datatools.zoom_task import (
     served_markers,
     trace_rng,
 )
-from models.presets import FAMILIES
+from families.presets import FAMILIES
 
 CONFIG = ZoomConfig()
 ORACLE = ZoomConfig(trace_requests="oracle")

@@ -47,12 +47,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from models.presets.base import FamilyRecipe, VisionGeometry, qwen_text_fields, vision_token_ids
+from families.presets.base import FamilyRecipe, Preset, VisionGeometry, qwen_text_fields, vision_token_ids
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLConfig, Qwen3VLProcessor
 
-    from models.build import Preset
 
 GEOMETRY = VisionGeometry(patch_size=16, spatial_merge_size=2, temporal_patch_size=2)
 PIXEL_FACTOR = GEOMETRY.pixel_factor

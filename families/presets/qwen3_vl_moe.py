@@ -14,20 +14,19 @@ writes the in-memory layout (the reverse ``Transpose(check_dims=True)`` compares
 the model's own parameter, which always matches), and vLLM 0.32 reads only the released one
 (``is_fused_checkpoint_transposed``: "The size of tensor a (96) must match the size of tensor b
 (128)" while loading ``down_proj``). Every writer of a model directory (this build, the export
-after training) writes the released layout: :meth:`models.families.ModelFamily.released_state_dict`.
+after training) writes the released layout: :meth:`families.ModelFamily.released_state_dict`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from models.presets import qwen3_vl
-from models.presets.base import FamilyRecipe, vision_token_ids
+from families.presets import qwen3_vl
+from families.presets.base import FamilyRecipe, Preset, vision_token_ids
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLMoeConfig
 
-    from models.build import Preset
 
 NUM_EXPERTS = 8
 EXPERTS_PER_TOKEN = 2

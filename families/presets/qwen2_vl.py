@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from models.presets import qwen2_5_vl
-from models.presets.base import FamilyRecipe, check_mrope_section, qwen_text_fields, vision_token_ids
-from models.presets.qwen2_5_vl import GEOMETRY
+from families.presets import qwen2_5_vl
+from families.presets.base import (
+    FamilyRecipe,
+    Preset,
+    check_mrope_section,
+    qwen_text_fields,
+    vision_token_ids,
+)
+from families.presets.qwen2_5_vl import GEOMETRY
 
 if TYPE_CHECKING:
     from transformers import Qwen2VLConfig, Qwen2VLProcessor
-
-    from models.build import Preset
 
 
 def make_config(preset: Preset, token_ids: dict[str, int]) -> Qwen2VLConfig:

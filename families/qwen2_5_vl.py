@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from core.positions import TemporalRule
-from models.families.base import ModelFamily
+from families.base import ModelFamily
 
 
 class Qwen2_5_VL(ModelFamily):

@@ -1,6 +1,6 @@
 """What a model family contributes to ``lvrl model build``: its config, processor and geometry.
 
-A :class:`FamilyRecipe` turns one :class:`models.build.Preset` (sizes shared by all families)
+A :class:`FamilyRecipe` turns one :class:`Preset` (sizes shared by all families)
 and the special-token ids of lvrl's local tokenizer into the family's own transformers config
 and processor. :mod:`models.build` does the rest, alike for every family: train the tokenizer,
 set the family's chat template, instantiate the model class, draw seeded weights, save.
@@ -12,10 +12,37 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from models.build import Preset
+EOS_TOKEN = "<|im_end|>"
+"""The Qwen families' end of a turn (``eos_token_id``; lvrl's local tokenizer spells it the same)."""
+PAD_TOKEN = "<|endoftext|>"
+"""The Qwen families' padding and ``bos_token_id``."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Sizes of one buildable model, shared by every family (each maps them onto its own
+    config: :mod:`families.presets`). ``init_std`` becomes both configs' ``initializer_range``.
+    ``mrope_section`` is Qwen2(.5)-VL's split; Qwen3-VL scales its released 24:20:20 instead."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    mrope_section: tuple[int, int, int]
+    vision_depth: int
+    vision_hidden_size: int
+    vision_heads: int
+    vision_intermediate_size: int
+    init_std: float
+    description: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
 
 
 @dataclass(frozen=True)
@@ -66,8 +93,6 @@ def check_mrope_section(section: tuple[int, ...] | list[int], head_dim: int) -> 
 
 def qwen_text_fields(preset: Preset, token_ids: dict[str, int]) -> dict[str, Any]:
     """The language-model fields every Qwen VL family's ``text_config`` shares for ``preset``."""
-    from models.tokenizer import EOS_TOKEN, PAD_TOKEN
-
     return {
         "vocab_size": preset.vocab_size,
         "hidden_size": preset.hidden_size,

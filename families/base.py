@@ -53,7 +53,7 @@ class VisualFeatures:
 
 
 class ModelFamily:
-    """One family of Qwen-VL models (subclasses: one file each in :mod:`models.families`).
+    """One family of Qwen-VL models (subclasses: one file each in :mod:`families`).
 
     The defaults are Qwen2.5-VL's; a family overrides what differs.
     """

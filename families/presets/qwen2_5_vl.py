@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from models.presets.base import (
+from families.presets.base import (
     FamilyRecipe,
+    Preset,
     VisionGeometry,
     check_mrope_section,
     qwen_text_fields,
@@ -20,7 +21,6 @@ from models.presets.base import (
 if TYPE_CHECKING:
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLProcessor
 
-    from models.build import Preset
 
 # Qwen2.5-VL's vision geometry, kept as in the real checkpoints: 14x14 patches, 2x2 spatial
 # merge, 2 frames per temporal patch. One merged token covers 28x28 pixels of 2 frames.

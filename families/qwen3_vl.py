@@ -26,7 +26,7 @@ import torch
 
 from core.positions import TemporalRule
 from core.video import VideoEmbedding
-from models.families.base import ModelFamily, VisualFeatures
+from families.base import ModelFamily, VisualFeatures
 
 
 class Qwen3_VL(ModelFamily):

@@ -1,15 +1,15 @@
 """Build recipes of the model families ``lvrl model build --family`` offers, one module each.
 
-Adding a family: a module here with a :class:`~models.presets.base.FamilyRecipe` named
+Adding a family: a module here with a :class:`~families.presets.base.FamilyRecipe` named
 ``RECIPE``, listed in :data:`FAMILIES`. Sizes come from :data:`models.build.PRESETS`, shared by
 all families. (Runtime behaviour of a family — positions, layout, encoding — lives in
-``models/families/``; this package only builds directories.)
+``families/``; this package only builds directories.)
 """
 
 from __future__ import annotations
 
-from models.presets import qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe
-from models.presets.base import FamilyRecipe, VisionGeometry
+from families.presets import qwen2_5_vl, qwen2_vl, qwen3_vl, qwen3_vl_moe
+from families.presets.base import FamilyRecipe, VisionGeometry
 
 DEFAULT_FAMILY = "qwen2_5_vl"
 """What ``lvrl model build`` builds without ``--family``: the directories it always built."""

@@ -4,7 +4,7 @@
 >>> family_of(Qwen2VLConfig()).name
 'qwen2_vl'
 
-Adding a family means adding its file here (a :class:`~models.families.base.ModelFamily`
+Adding a family means adding its file here (a :class:`~families.base.ModelFamily`
 subclass) and its presets in :mod:`models.build`.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from core.layout import PositionRule
-from models.families.base import ModelFamily, VisualFeatures
-from models.families.qwen2_5_vl import Qwen2_5_VL
-from models.families.qwen2_vl import Qwen2_VL
-from models.families.qwen3_vl import Qwen3_VL
+from families.base import ModelFamily, VisualFeatures
+from families.qwen2_5_vl import Qwen2_5_VL
+from families.qwen2_vl import Qwen2_VL
+from families.qwen3_vl import Qwen3_VL
 
 FAMILIES: dict[str, type[ModelFamily]] = {family.name: family for family in (Qwen2_VL, Qwen2_5_VL, Qwen3_VL)}
 """Every family lvrl runs, by name."""
