@@ -1,12 +1,13 @@
 """The RL rollout callback: the Lightning side of producing experience.
 
-Before each training step it turns the batch's prompts into scored rollouts with
-:func:`rollout.experience.collect_rollouts` (videos encoded once, G completions per prompt from
-the engine, rewards, advantages) and hands them to the module (a
-:class:`~rollout.experience.RolloutConsumer`); after the optimizer step it streams the trainable
-weights into the engine in bounded buckets (:mod:`rollout.weight_sync`). The engine is kept
-answering by :class:`~rollout.supervision.EngineSupervisor`. Everything else is plain functions
-in :mod:`rollout`, which tests call without a Trainer.
+Before each training step it asks its :class:`~rollout.worker.RolloutWorker` for the step's
+scored rollouts (videos encoded once, G completions per prompt from the engine, rewards,
+advantages), which the worker hands to the module (a
+:class:`~rollout.experience.RolloutConsumer`); after the optimizer step the worker streams the
+trainable weights into the engine in bounded buckets (:mod:`rollout.weight_sync`). The engine is
+kept answering by :class:`~rollout.supervision.EngineSupervisor`. The callback checks the setup
+against the trainer and the data, logs, and writes samples; the worker, which tests drive
+without a Trainer, does the work.
 
 A colocated engine shares the device with training, so it sleeps while the trainer trains.
 The engine calls of one training step, in order::
@@ -27,53 +28,41 @@ stays allocated after the update), the figures ``lvrl plan`` predicts.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.engine_admission import rollout_shape
 from core.device_memory import PhasePeaks
 from core.frame_requests import FrameBudget
 from core.settings import settings_block
-from core.video import VideoEncoder
 from families import family_of
-from parallel.collectives import share_out
+from models.lora import engine_weights
 from rewards.combine import RewardSpec, default_reward_specs
-from rollout.base import RolloutEngine, RolloutRequest, RolloutResult, SamplingConfig
-from rollout.episodes import (
-    EpisodeRollouts,
-    FrameTool,
-    alone,
-    episode_rollouts,
-    frame_sources,
-    given_turns_of,
-)
+from rollout.base import PolicyHandle, RolloutEngine, SamplingConfig
 from rollout.experience import (
     ExperienceSettings,
     PromptBatch,
     RolloutBatch,
     RolloutConsumer,
-    collect_rollouts,
     rollout_metrics,
     sample_records,
 )
-from rollout.guardrails import forbidden_completion_ids
-from rollout.refill import DynamicSampling, RefillReport, sample_until_informative
+from rollout.refill import DynamicSampling, RefillReport
 from rollout.shaping import OverlongShaping
 from rollout.supervision import EngineSupervisor
-from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB, trainable_parameters
+from rollout.weight_sync import DEFAULT_BUCKET_MB, MIB
+from rollout.worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
 PROGRESS_BAR_METRICS = ("reward/total_mean", "rollout/accuracy")
+BASE_BATCH_HOOK = L.LightningModule.on_before_batch_transfer
 
 
 class RolloutCallback(Callback):
@@ -171,18 +160,25 @@ class RolloutCallback(Callback):
         if weight_sync_bucket_mb <= 0:
             raise ValueError(f"weight_sync_bucket_mb={weight_sync_bucket_mb} must be positive")
         self.weight_sync_bucket_bytes = int(weight_sync_bucket_mb * MIB)
-        self.supervisor: EngineSupervisor | None = None
+        self.worker: RolloutWorker | None = None
+        """The step's rollout work (:mod:`rollout.worker`), set up per fit."""
         self._first_rollout = True
         self._train_started = time.perf_counter()
-        self.forbidden_token_ids: frozenset[int] = frozenset()
-        """Special tokens a completion must not hold (:mod:`rollout.guardrails`), set up per fit."""
-        self.vision_calls = 0
-        """Vision-tower encodings so far (one per prompt per step; the tests count them)."""
 
     @property
     def engine_restarts(self) -> int:
         """Engines restarted after a failed rollout (logged as ``rollout/engine_restarts``)."""
-        return self.supervisor.restarts if self.supervisor is not None else 0
+        return self.worker.supervisor.restarts if self.worker is not None else 0
+
+    @property
+    def supervisor(self) -> EngineSupervisor | None:
+        """The engine's supervisor (None before setup)."""
+        return self.worker.supervisor if self.worker is not None else None
+
+    @property
+    def vision_calls(self) -> int:
+        """Vision-tower encodings so far (one per prompt per step; the tests count them)."""
+        return self.worker.vision_calls if self.worker is not None else 0
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
@@ -192,7 +188,7 @@ class RolloutCallback(Callback):
                 f"RolloutCallback hands rollouts to a module that receives them (a GRPOModule); "
                 f"{type(pl_module).__name__} does not"
             )
-        pl_module.check_experience(self.settings, self.engine)
+        pl_module.check_experience(self.settings.group_size, self.engine.dtype)
         if self.tool_budget is not None:
             self._check_tool_use(trainer)
         if self.dynamic_sampling is not None and not callable(
@@ -212,23 +208,30 @@ class RolloutCallback(Callback):
         )
         if shaped is not None:
             self.engine.admit(*shaped)
-        self.supervisor = EngineSupervisor(
+        supervisor = EngineSupervisor(
             self.engine,
-            policy=pl_module.policy,
-            weights=lambda: trainable_parameters(pl_module.policy().model),
+            policy=lambda: PolicyHandle.of(pl_module),
+            weights=lambda: engine_weights(pl_module.model),
             timeout_s=self.rollout_timeout_s,
             bucket_bytes=self.weight_sync_bucket_bytes,
             stop_requested=lambda: trainer.received_sigterm,
             any_rank=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=False),
+        )
+        self.worker = RolloutWorker(
+            pl_module, supervisor, self.settings, dynamic_sampling=self.dynamic_sampling
         )
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run's weights differ from model_path: they are pushed before the first
         # rollout, not here: a strategy that restores after its setup (the sharded one) loads
         # the checkpoint, and sets trainer.ckpt_path, only after on_fit_start.
-        assert self.supervisor is not None
-        self.forbidden_token_ids = forbidden_completion_ids(pl_module.policy().tokenizer)
-        self.supervisor.start(sync_weights=False)
+        assert self.worker is not None
+        if self.tool_budget is not None:  # the model is built by now (its family lays out replies)
+            processor = trainer.datamodule.processor  # type: ignore[union-attr]
+            self.worker.tool = self.worker.frames_tool(
+                self.tool_budget, processor, family_of(pl_module.model.config)
+            )
+        self.worker.start()
         self._first_rollout = True
         self._peaks = PhasePeaks(pl_module.device)
 
@@ -236,96 +239,39 @@ class RolloutCallback(Callback):
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        assert isinstance(pl_module, RolloutConsumer) and self.supervisor is not None
-        supervisor = self.supervisor
+        worker = self.worker
+        assert worker is not None
         if self._first_rollout:
             self._first_rollout = False
             if trainer.ckpt_path is not None:
-                supervisor.sync_weights()  # the checkpoint's weights, loaded by now
-        shard = pl_module.sequence_shard
-        step = trainer.global_step
-
-        def encode(pixels: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
-            encoded = pl_module.encode_videos(pixels, grids)
-            self.vision_calls += len(encoded)
-            return encoded
-
-        def generate(requests: list[RolloutRequest], sampling: SamplingConfig) -> list[RolloutResult]:
-            def on(engine: RolloutEngine) -> list[RolloutResult]:
-                # An engine sampling with the live policy decodes different lengths on each rank:
-                # a sharded policy is gathered whole for it (no collective inside).
-                live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
-                with live:
-                    if shard is None:
-                        return engine.generate(requests, sampling)
-                    # Sequence-parallel peers hold the same prompts: each samples a share.
-                    peers = shard.rollout_group
-                    return share_out(requests, lambda mine: engine.generate(mine, sampling), peers)
-
-            return supervisor.run(on, step)
-
-        pad_token_id = pl_module.policy().tokenizer.pad_token_id
-        length_multiple = shard.length_multiple if shard is not None else 1
-
-        episodes = None
-        if self.tool_budget is not None:
-            tool = self._frame_tool(trainer, pl_module, encode)
-
-            def episodes(
-                requests: list[RolloutRequest], sampling: SamplingConfig, meta: list[dict[str, Any]]
-            ) -> EpisodeRollouts:
-                sources = frame_sources(meta)
-                given = given_turns_of(meta, pl_module.processor.tokenizer)
-                # Sequence-parallel peers hold the same prompts: each samples a share of every
-                # round's turns, and all serve the replies together (the tool encodes with the group).
-                share = alone if shard is None else functools.partial(share_out, group=shard.rollout_group)
-
-                def on(engine: RolloutEngine) -> EpisodeRollouts:
-                    live = pl_module.gathered_model() if not engine.needs_weight_sync else nullcontext()
-                    with live:
-                        return episode_rollouts(engine, requests, sources, sampling, tool, share, given)
-
-                return supervisor.run(on, step)
-
-        def collect(prompts: PromptBatch, round_index: int) -> RolloutBatch:
-            return collect_rollouts(
-                prompts,
-                encode,
-                generate,
-                self.settings,
-                step=step,
-                pad_token_id=pad_token_id,
-                length_multiple=length_multiple,
-                round_index=round_index,
-                forbidden_token_ids=self.forbidden_token_ids,
-                episodes=episodes,
-            )
-
+                worker.sync(wake=False)  # the checkpoint's weights, loaded by now (the engine is awake)
+        worker.step = trainer.global_step
         started = time.perf_counter()
         self._peaks.begin()
-        # Awake: started so, or woken for the last weight sync.
-        report: RefillReport | None = None
-        if self.dynamic_sampling is None:
-            rollouts = collect(PromptBatch.of(batch), 0)
-            rounds = [rollouts]
-        else:
-            rollouts, rounds, report = sample_until_informative(
-                PromptBatch.of(batch),
-                collect,
-                lambda: self._draw_prompts(trainer, pl_module),
-                self.dynamic_sampling,
-                everywhere=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=True),
-                pad_token_id=pad_token_id,
-                length_multiple=length_multiple,
-            )
-        self.engine.sleep()  # the trainer gets the device until the weight sync
+        rollouts, rounds, report = worker.select(
+            PromptBatch.of(batch),
+            draw=lambda: self._draw_prompts(trainer, pl_module),
+            everywhere=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=True),
+        )
+        worker.hand_over(rollouts)
+        self._after_rollouts(trainer, pl_module, rounds, time.perf_counter() - started, report)
+
+    def _after_rollouts(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        rounds: list[RolloutBatch],
+        seconds: float,
+        report: RefillReport | None,
+    ) -> None:
+        """The rollout's peak memory, statistics and samples of everything sampled (not only the
+        groups that train); then the update's peak is measured from what the rollout left."""
         rollout_peak = self._peaks.peak_gib()
-        pl_module.receive_rollouts(rollouts)
-        # Statistics and samples of everything sampled, not only the groups that train.
-        self._log(pl_module, rounds, time.perf_counter() - started, report)
+        self._log(pl_module, rounds, seconds, report)
         if rollout_peak is not None:
             pl_module.log("memory/rollout_peak_gib", rollout_peak, batch_size=1)
-        self._peaks.begin()  # the update's peak, from what the rollout leaves allocated
+        self._peaks.begin()
+        step = trainer.global_step
         if self.log_samples_every_n_steps and step % self.log_samples_every_n_steps == 0:
             self._write_samples(trainer, rounds)
         self._train_started = time.perf_counter()
@@ -347,21 +293,18 @@ class RolloutCallback(Callback):
                 "from: set data.init_args.tool_use: true"
             )
 
-    def _frame_tool(self, trainer: L.Trainer, pl_module: RolloutConsumer, encode: VideoEncoder) -> FrameTool:
-        assert self.tool_budget is not None
-        family = family_of(pl_module.policy().model.config)
-        processor = trainer.datamodule.processor  # type: ignore[union-attr]
-        return FrameTool(self.tool_budget, processor, family, encode, keep_pixels=pl_module.trains_vision)
-
     @staticmethod
     def _draw_prompts(trainer: L.Trainer, pl_module: L.LightningModule) -> PromptBatch | None:
         """One more batch of prompts from the training stream (dynamic sampling's next round)."""
         batch = trainer.datamodule.draw_train_batch()  # type: ignore[union-attr]
         if batch is None:
             return None
-        # The hooks Lightning runs on a batch it fetched for training: the datamodule's counts it
-        # as consumed (its stream position in checkpoints), then it moves to the device.
-        batch = pl_module._on_before_batch_transfer(batch, dataloader_idx=0)
+        # The hooks Lightning runs on a batch it fetched for training: on_before_batch_transfer
+        # (the module's where it defines one, else the datamodule's, which counts the batch as
+        # consumed: its stream position in checkpoints), then the move to the device.
+        module_defines_it = type(pl_module).on_before_batch_transfer is not BASE_BATCH_HOOK
+        hooks = pl_module if module_defines_it else trainer.datamodule
+        batch = hooks.on_before_batch_transfer(batch, 0)  # type: ignore[union-attr]
         return PromptBatch.of(trainer.strategy.batch_to_device(batch, dataloader_idx=0))
 
     def _log(
@@ -408,8 +351,7 @@ class RolloutCallback(Callback):
         if train_peak is not None and held is not None:
             pl_module.log("memory/train_peak_gib", train_peak, batch_size=1)
             pl_module.log("memory/held_gib", held, batch_size=1)
-        assert self.supervisor is not None
-        self.engine.wake()  # weights are loaded into an awake engine
-        report = self.supervisor.sync_weights()
+        assert self.worker is not None
+        report = self.worker.sync()
         pl_module.log("time/weight_sync_s", time.perf_counter() - started, batch_size=1)
         pl_module.log("memory/weight_sync_peak_mb", report.peak_bytes / MIB, batch_size=1)

@@ -13,8 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from families import family_of
 from models.loading import load_model, load_processor
-from models.lora import ADAPTER_DIR, LoraSettings, apply_lora, merged_state_dict, save_adapter
-from rollout.weight_sync import lora_layers
+from models.lora import ADAPTER_DIR, LoraSettings, apply_lora, lora_layers, merged_state_dict, save_adapter
 
 SHARDED_METADATA = "meta.pt"
 """A sharded checkpoint folder's file of everything but the shards (step, loops, hyper-parameters)."""

@@ -2,7 +2,8 @@
 
 The step reads top to bottom: the callback has already encoded each video once, sampled G
 completions per prompt from the engine, scored them and computed advantages, and handed them
-over as a :class:`~rollout.experience.RolloutBatch` (:meth:`GRPOModule.receive_rollouts`);
+over as a :class:`~rollout.experience.RolloutBatch` (:meth:`GRPOModule.receive_rollouts`: what
+the update reads of it is :class:`models.rl.experience.Experience`);
 here the policy (and, with a KL term, the frozen reference) scores the same tokens in the
 prompts' own layout and positions with the cached video embeddings, and the clipped surrogate
 is minimised.
@@ -47,6 +48,7 @@ from core.layout import ScoringBatch
 from models.logprobs import completion_logprobs, input_embeddings
 from models.lora import base_model
 from models.rl.correction import RolloutCorrection, importance_weights
+from models.rl.experience import Experience
 from models.rl.losses import policy_loss
 from models.rl.step_statistics import (
     CORRECTION_STATISTICS,
@@ -68,8 +70,6 @@ from parallel.sharding import (
     run_sharded,
     shard_model,
 )
-from rollout.base import RolloutEngine
-from rollout.experience import ExperienceSettings, RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -172,16 +172,17 @@ class GRPOModule(VLMModule):
         self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None
         object.__setattr__(self, "_reference_scope", None)
-        self._rollouts: RolloutBatch | None = None
+        self._rollouts: Experience | None = None
 
     # -- what the rollout callback hands over (rollout.experience.RolloutConsumer) --------------
-    def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
-        """Refuse experience settings this module cannot learn from; warn about wasteful ones."""
+    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+        """Refuse experience this module cannot learn from (G completions per prompt, sampled in
+        ``engine_dtype``; None: the policy's own); warn about wasteful settings."""
         problems = []
-        if engine.dtype is not None and engine.dtype != self.compute_dtype:
+        if engine_dtype is not None and engine_dtype != self.compute_dtype:
             if self.correction is None:
                 problems.append(
-                    f"the engine samples in {engine.dtype} but the policy scores in {self.compute_dtype}: "
+                    f"the engine samples in {engine_dtype} but the policy scores in {self.compute_dtype}: "
                     "the importance ratio would carry the rounding gap between the two; set the engine's "
                     "dtype to the model's (or the model's to the engine's), or correct for the gap with "
                     "model.init_args.rollout_correction (e.g. {mode: truncate, level: token})"
@@ -190,7 +191,7 @@ class GRPOModule(VLMModule):
                 log.info(
                     "the engine samples in %s, the policy scores in %s: rollout_correction (%s) weights "
                     "the gap out; watch correction/weight_mean and rollout/logprob_diff_mean",
-                    engine.dtype,
+                    engine_dtype,
                     self.compute_dtype,
                     self.correction,
                 )
@@ -208,27 +209,27 @@ class GRPOModule(VLMModule):
                 "pass still shares prompts"
             )
         rows = self.hparams.micro_batch_rows
-        if rows is not None and self.hparams.share_prompt_prefix and rows % settings.group_size:
+        if rows is not None and self.hparams.share_prompt_prefix and rows % group_size:
             log.warning(
                 "micro_batch_rows=%d is not a multiple of num_generations=%d: prompts split across "
                 "micro-batches are forwarded once per micro-batch",
                 rows,
-                settings.group_size,
+                group_size,
             )
 
     @property
     def trains_vision(self) -> bool:
         return not self.hparams.freeze_vision
 
-    def receive_rollouts(self, rollouts: RolloutBatch) -> None:
+    def receive_rollouts(self, rollouts: Experience) -> None:
         self._rollouts = rollouts
 
     @property
-    def pending_rollouts(self) -> RolloutBatch | None:
+    def pending_rollouts(self) -> Experience | None:
         """The rollouts the coming training step learns from (None once it has taken them)."""
         return self._rollouts
 
-    def _take_rollouts(self) -> RolloutBatch:
+    def _take_rollouts(self) -> Experience:
         rollouts, self._rollouts = self._rollouts, None
         if rollouts is None:
             raise RuntimeError(
@@ -337,9 +338,7 @@ class GRPOModule(VLMModule):
             )
 
     # -- pieces of the step ------------------------------------------------------------------
-    def _reference_logprobs(
-        self, rollout: RolloutBatch, chunks: list[list[int]]
-    ) -> list[torch.Tensor | None]:
+    def _reference_logprobs(self, rollout: Experience, chunks: list[list[int]]) -> list[torch.Tensor | None]:
         """Frozen-reference log-probs per micro-batch, computed once for all iterations."""
         if self.lora_settings is not None and self.hparams.kl_coef > 0:
             return self._base_model_logprobs(rollout, chunks)
@@ -359,7 +358,7 @@ class GRPOModule(VLMModule):
         with torch.no_grad():
             return [run_sharded(scope, lambda rows=rows: score(rows)) for rows in chunks]
 
-    def _base_model_logprobs(self, rollout: RolloutBatch, chunks: list[list[int]]) -> list[torch.Tensor]:
+    def _base_model_logprobs(self, rollout: Experience, chunks: list[list[int]]) -> list[torch.Tensor]:
         """The reference of a LoRA policy: the policy's own model with its adapters disabled,
         which computes exactly what the base model does (each adapted layer runs its base
         layer alone), so no second copy is loaded; sharded, it runs in the policy's units."""
@@ -416,7 +415,7 @@ class GRPOModule(VLMModule):
         checkpointed = bool(getattr(model, "is_gradient_checkpointing", False)) and model.training
         return bool(self.hparams.share_prompt_prefix) and not checkpointed
 
-    def _video_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[torch.Tensor | None]:
+    def _video_embeds(self, rollout: Experience, rows: list[int]) -> list[torch.Tensor | None]:
         """Each prompt's encoding (per prompt, indexed like ``scoring.prompt_of_row``)."""
         if self.hparams.freeze_vision:
             return list(rollout.video_embeds())
@@ -435,7 +434,7 @@ class GRPOModule(VLMModule):
 
     def _accumulate_gradients(
         self,
-        rollout: RolloutBatch,
+        rollout: Experience,
         rows: list[int],
         mask: torch.Tensor,
         normalizers: dict[str, float],
@@ -493,7 +492,7 @@ class GRPOModule(VLMModule):
 
     def _gap_statistics(
         self,
-        rollout: RolloutBatch,
+        rollout: Experience,
         rows: list[int],
         logprobs: torch.Tensor,
         engine: torch.Tensor,
@@ -505,7 +504,7 @@ class GRPOModule(VLMModule):
             logprobs.detach(), engine, scoring.completion_mask, entropy, frames, self.frame_buckets
         )
 
-    def _frames_of_prompt(self, rollout: RolloutBatch, prompt: int) -> int:
+    def _frames_of_prompt(self, rollout: Experience, prompt: int) -> int:
         """The frames of a prompt's video: as decoded (the collator's ``num_frames``), or, for
         rollouts built without that field, as the model sees them (temporal patches x frames per
         patch; 0 without video)."""
@@ -515,7 +514,7 @@ class GRPOModule(VLMModule):
         grid = rollout.prompts.layouts[prompt].video_grid_thw
         return 0 if grid is None else int(grid[0]) * self.family.temporal_patch_size
 
-    def _segment_embeds(self, rollout: RolloutBatch, rows: list[int]) -> list[list[torch.Tensor]] | None:
+    def _segment_embeds(self, rollout: Experience, rows: list[int]) -> list[list[torch.Tensor]] | None:
         """Each row's tool segments' encodings (tool-use rollouts; None otherwise)."""
         if self.hparams.freeze_vision or rollout.episodes is None:
             return rollout.segment_embeds(rows)
@@ -524,7 +523,7 @@ class GRPOModule(VLMModule):
 
     def _score(
         self,
-        rollout: RolloutBatch,
+        rollout: Experience,
         rows: list[int],
         video_embeds: list[torch.Tensor | None],
         segments: list[list[torch.Tensor]] | None,
@@ -537,7 +536,7 @@ class GRPOModule(VLMModule):
         logprobs = self.run_model(lambda: self._logprobs(model, scoring, video_embeds, entropy, segments))
         return scoring, logprobs, rollout.old_logprobs[rows].to(self.device), entropy
 
-    def _idle_pass(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+    def _idle_pass(self, rollout: Experience, rows: list[int]) -> dict[str, torch.Tensor]:
         """A forward and backward that changes no gradient (this rank has nothing left to train
         while others do: the shards' collectives need every rank); returns the gap statistics."""
         scoring, logprobs, old, entropy = self._score(
@@ -546,7 +545,7 @@ class GRPOModule(VLMModule):
         self.manual_backward(logprobs.sum() * 0.0)
         return self._gap_statistics(rollout, rows, logprobs, old, scoring, entropy)
 
-    def _diagnostics(self, rollout: RolloutBatch, rows: list[int]) -> dict[str, torch.Tensor]:
+    def _diagnostics(self, rollout: Experience, rows: list[int]) -> dict[str, torch.Tensor]:
         scoring, logprobs, old, entropy = self._score(
             rollout, rows, list(rollout.video_embeds()), rollout.segment_embeds(rows)
         )

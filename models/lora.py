@@ -15,7 +15,7 @@ What LoRA changes elsewhere, and where:
 - the GRPO reference is the same model with its adapters disabled (:func:`base_model`), not a
   second copy (:mod:`models.grpo`);
 - the rollout engine receives merged weights under the base names
-  (:func:`rollout.weight_sync.trainable_parameters`);
+  (:func:`engine_weights`);
 - an export writes the merged model (a plain Hugging Face directory) and the adapter in PEFT's
   format under ``<out>/adapter`` (:func:`models.export.save_hf_model`).
 """
@@ -32,13 +32,126 @@ import torch
 
 from core.settings import settings_block
 from models.vision import decoder_blocks, vision_tower
-from rollout.weight_sync import hf_name, lora_layers, merged_lora_weight
+from parallel.sharding import full_tensor
 
 LANGUAGE_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The language model's attention and MLP projections (Qwen2-VL, Qwen2.5-VL, Qwen3-VL names)."""
 
 ADAPTER_NAME = "default"
 """PEFT's name of the one adapter lvrl trains."""
+
+# Module wrappers that insert a level into parameter names (activation checkpointing, and
+# torch.compile): the engine knows the Hugging Face names only.
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def hf_name(name: str) -> str:
+    """``name`` without the levels that activation-checkpointing and compile wrappers insert."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def engine_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters an update can change, with HF names, in ``named_parameters`` order (the
+    same on every rank): all an engine needs after it loaded the rest from ``model_path``.
+
+    A model with LoRA adapters gives the engine merged weights instead
+    (:func:`merged_lora_parameters`): the engine keeps serving a plain model. What
+    :func:`rollout.weight_sync.sync_weights` streams after each update.
+    """
+    layers = lora_layers(model)
+    if layers:
+        yield from merged_lora_parameters(model, layers)
+        return
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            yield hf_name(name), parameter
+
+
+def lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The PEFT LoRA layers of ``model`` by HF module path (empty without adapters)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {hf_name(path): module for path, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def merged_lora_weight(
+    base: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """``base + scaling * lora_b @ lora_a`` (full tensors), computed in at least float32 and
+    returned in ``base``'s dtype: the weight of a plain layer that computes what the adapted
+    one does (up to rounding: the adapted layer adds ``scaling * B(A x)`` to ``W x``)."""
+    wide = torch.promote_types(base.dtype, torch.float32)
+    return (base.to(wide) + (lora_b.to(wide) @ lora_a.to(wide)) * scaling).to(base.dtype)
+
+
+def merged_lora_parameters(
+    model: torch.nn.Module, layers: Mapping[str, torch.nn.Module]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """What the engine needs from a model with LoRA ``layers``: merged weights under the base
+    names, never the adapters themselves.
+
+    Engine-side adapters were the alternative (vLLM serves LoRA on some builds); merged weights
+    need nothing of the engine beyond the weight reload every full fine-tuning sync already
+    uses, and the engine then samples at full speed with no adapter kernels.
+
+    Each parent module of an adapted layer (a decoder block's ``self_attn`` or ``mlp``) is sent
+    whole: every parameter under it, each adapted layer's weight merged and its bias as it is.
+    vLLM rebuilds a fused layer (``qkv_proj``: q, k, v weights and biases) from what one reload
+    call brings, so a partly sent layer would come back with uninitialised parts; the fused
+    layers are siblings under one parent, so whole parents keep them whole whatever subset the
+    adapters target. Nothing is modified in place: the merged tensors are new. Sharded
+    parameters are gathered here (collectives, in the same order on every rank) and the merge
+    is computed on the full tensors, in float32 at least. Any other trainable parameter follows
+    as it is.
+    """
+    parents: dict[str, torch.nn.Module] = {}
+    for path, module in model.named_modules():
+        if layers.get(hf_name(path)) is module:
+            parent_path = path.rpartition(".")[0]
+            parents.setdefault(parent_path, model.get_submodule(parent_path) if parent_path else model)
+    sent: set[str] = set()
+    for parent_path, parent in parents.items():
+        for name, tensor in _engine_tensors(parent_path, parent, layers):
+            if name not in sent:
+                sent.add(name)
+                yield name, tensor
+    for name, parameter in model.named_parameters():
+        plain = hf_name(name)
+        if (
+            parameter.requires_grad
+            and ".lora_A." not in plain
+            and ".lora_B." not in plain
+            and plain not in sent
+        ):
+            yield plain, parameter
+
+
+def _engine_tensors(
+    prefix: str, module: torch.nn.Module, layers: Mapping[str, torch.nn.Module]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every parameter under ``module`` (at ``prefix``) as the plain model names it, adapted
+    layers merged."""
+    path = hf_name(prefix)
+    if path in layers and module is layers[path]:
+        for leaf, parameter in module.base_layer.named_parameters(recurse=False):
+            value = full_tensor(parameter, None)
+            if leaf == "weight":
+                for adapter in module.active_adapters:
+                    value = merged_lora_weight(
+                        value,
+                        full_tensor(module.lora_A[adapter].weight, None),
+                        full_tensor(module.lora_B[adapter].weight, None),
+                        module.scaling[adapter],
+                    )
+            yield f"{path}.{leaf}", value
+        return
+    for leaf, parameter in module.named_parameters(recurse=False):
+        yield f"{path}.{leaf}" if path else leaf, parameter
+    for child, submodule in module.named_children():
+        yield from _engine_tensors(f"{prefix}.{child}" if prefix else child, submodule, layers)
+
 
 ADAPTER_DIR = "adapter"
 """Where an export puts the adapter, inside the merged model directory."""

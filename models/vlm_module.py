@@ -28,6 +28,7 @@ from core.frame_requests import FrameBudget
 from core.positions import mrope_position_ids
 from core.settings import settings_block
 from core.video import VideoEncoder
+from evaluation.decoding import ModelAnswers
 from evaluation.evaluator import (
     Evaluator,
     ValidationResult,
@@ -37,7 +38,6 @@ from evaluation.evaluator import (
     validation_printout,
     write_predictions,
 )
-from evaluation.spans import where_it_looked
 from families import ModelFamily, family_of
 from models.export import save_hf_model
 from models.loading import load_model, load_processor, model_skeleton
@@ -48,21 +48,10 @@ from parallel.encoding import encode_videos_sequence_parallel
 from parallel.shard import SequenceShard
 from parallel.sharding import ShardingLayout, ShardingSettings, gathered, run_sharded, shard_model
 from rewards.judge import JudgeSettings
-from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
-from rollout.episodes import FrameTool, episode_rollouts, frame_sources, given_turns_of
-from rollout.hf_engine import TransformersEngine
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-def validation_requests(batch: dict[str, Any], videos: list[torch.Tensor]) -> list[RolloutRequest]:
-    """The rollout request of each prompt of a collated batch, its video encoded once (``videos``)."""
-    return [
-        RolloutRequest(layout, layout.encoded_video(embeds))
-        for layout, embeds in zip(batch["prompts"], videos, strict=True)
-    ]
 
 
 def layout_videos(batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -179,10 +168,11 @@ class VLMModule(L.LightningModule):
         super().__init__()
         if vision_patches_per_pass is not None and vision_patches_per_pass < 1:
             raise ValueError(f"vision_patches_per_pass={vision_patches_per_pass} must be positive (or null)")
-        self.val_tool_budget = settings_block(FrameBudget, val_tool_use, "val_tool_use")
-        self._val_tool_records: list[dict[str, Any]] = []
-        """Per greedy answer of the current validation batch, with tool use: its requests, the
-        frames served and every turn the model wrote (added to the predictions' records)."""
+        self.answers = ModelAnswers(
+            self, settings_block(FrameBudget, val_tool_use, "val_tool_use"), encode_videos
+        )
+        """Validation's answers; with ``val_tool_use``, tool-use episodes whose greedy ones leave
+        a record each (requests, frames served, spans, every turn the model wrote)."""
         self.lora_settings = LoraSettings.of(lora)
         """The LoRA adapters trained instead of the whole model (None: full fine-tuning)."""
         if self.lora_settings is not None and self.lora_settings.vision and freeze_vision:
@@ -200,7 +190,7 @@ class VLMModule(L.LightningModule):
         self.save_hyperparameters()
         self.model: torch.nn.Module | None = None
         self.evaluator = Evaluator(
-            self.generate_answers,
+            self.answers,
             max_new_tokens=max_new_tokens,
             samples=val_samples,
             temperature=val_temperature,
@@ -331,10 +321,10 @@ class VLMModule(L.LightningModule):
             self._processor = load_processor(self.hparams.model_path)
         return self._processor
 
-    def policy(self) -> PolicyHandle:
-        """The policy as a rollout engine sees it: where it was loaded from, the live model, its tokenizer."""
-        assert self.model is not None
-        return PolicyHandle(str(self.hparams.model_path), self.model, self.processor.tokenizer)
+    @property
+    def model_path(self) -> str:
+        """The HF directory the model was loaded from (a rollout engine with its own copy loads it)."""
+        return str(self.hparams.model_path)
 
     def encode_videos(self, pixels: torch.Tensor, grid_thw: torch.Tensor) -> list[torch.Tensor]:
         """The vision tower's output per video; shared out over the sequence-parallel group when
@@ -462,62 +452,10 @@ class VLMModule(L.LightningModule):
         return AttentionHeads(int(text.num_attention_heads), int(text.num_key_value_heads))
 
     # -- evaluation (evaluation.evaluator.Evaluator does the work) ----------------------------
-    @torch.no_grad()
-    def generate_answers(
-        self, batch: dict[str, Any], max_new_tokens: int | None = None, sampling: SamplingConfig | None = None
-    ) -> list[list[str]]:
-        """Completions of the prompts of a batch: one greedy each, or ``sampling.n`` sampled ones.
-
-        Decoded by :class:`~rollout.hf_engine.TransformersEngine` from the video encoded once,
-        with the position rule of training and rollout, so evaluation sees the model exactly as
-        the RL stage will (HF ``generate`` would use transformers' own, different rule).
-        """
-        assert self.model is not None
-        if sampling is None:
-            sampling = SamplingConfig(
-                n=1, temperature=0.0, max_new_tokens=max_new_tokens or self.hparams.max_new_tokens
-            )
-        with self.gathered_model() as model:  # ranks decode different numbers of tokens
-            engine = TransformersEngine.for_model(model, self.processor.tokenizer)
-            # Sequence-parallel peers evaluate the same questions: they encode the videos together,
-            # each its share of the frames (a whole long video on every GPU would not fit).
-            videos = self.encode_videos(batch["pixel_values_videos"], batch["video_grid_thw"])
-            requests = validation_requests(batch, videos)
-            if self.val_tool_budget is None:
-                results = engine.generate(requests, sampling)
-                return [[c.text for c in result.completions] for result in results]
-            tool = FrameTool(
-                self.val_tool_budget,
-                self.processor,
-                self.family,
-                lambda pixels, grid: encode_videos(model, pixels, grid),
-            )
-            given = given_turns_of(batch["meta"], self.processor.tokenizer)
-            played = episode_rollouts(
-                engine, requests, frame_sources(batch["meta"]), sampling, tool, given_turns=given
-            )
-        n = sampling.n
-        texts = [c.text for c in played.completions]
-        if n == 1:  # the greedy answers are the ones counted
-            tokenizer = self.processor.tokenizer
-            self._val_tool_records = [
-                {
-                    "frame_requests": requests,
-                    "frames_served": episode.served_frames,
-                    "served_spans_s": [list(span) for span in episode.served_spans],
-                    **where_it_looked(episode.served_spans, meta.get("relevant_span_s")),
-                    "turns": tokenizer.decode(episode.sampled_ids, skip_special_tokens=True),
-                }
-                for requests, episode, meta in zip(
-                    played.requests, played.episodes, batch["meta"], strict=True
-                )
-            ]
-        return [texts[k * n : (k + 1) * n] for k in range(len(requests))]
-
     def val_record_extras(self) -> list[dict[str, Any]]:
         """What the last greedy validation answers add to their records (tool use: requests,
         frames served, every turn the model wrote); nothing for single-turn answers."""
-        return self._val_tool_records
+        return self.answers.tool_records
 
     @property
     def val_results(self) -> list[ValidationResult]:
@@ -538,14 +476,14 @@ class VLMModule(L.LightningModule):
         self.evaluator.start()
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._val_tool_records = []
+        self.answers.tool_records = []
         if self.hparams.val_answers:
             self.evaluator.step(batch, batch_idx, dataloader_idx, self.device)
-        if self._val_tool_records:
-            size = len(self._val_tool_records)
+        if self.answers.tool_records:
+            size = len(self.answers.tool_records)
             overview = [int(m.get("num_frames", 0)) for m in batch["meta"]]
-            requests = sum(r["frame_requests"] for r in self._val_tool_records) / size
-            served = [r["frames_served"] for r in self._val_tool_records]
+            requests = sum(r["frame_requests"] for r in self.answers.tool_records) / size
+            served = [r["frames_served"] for r in self.answers.tool_records]
             frames = sum(o + f for o, f in zip(overview, served, strict=True)) / size
             self.log(
                 "val/requests_per_answer", requests, batch_size=size, sync_dist=True, add_dataloader_idx=False
@@ -553,7 +491,7 @@ class VLMModule(L.LightningModule):
             self.log(
                 "val/frames_per_answer", frames, batch_size=size, sync_dist=True, add_dataloader_idx=False
             )
-            located = [r for r in self._val_tool_records if "span_coverage" in r]
+            located = [r for r in self.answers.tool_records if "span_coverage" in r]
             if located:  # the data says which stretch holds each answer
                 for name, values in (
                     ("val/span_coverage", [r["span_coverage"] for r in located]),

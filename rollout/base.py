@@ -111,6 +111,12 @@ class PolicyHandle:
     tokenizer: Any
     """Its tokenizer (special token ids, decoding)."""
 
+    @classmethod
+    def of(cls, module: Any) -> PolicyHandle:
+        """The policy of a module that trains it (a :class:`~rollout.experience.RolloutConsumer`:
+        its ``model_path``, live ``model`` and ``processor``)."""
+        return cls(module.model_path, module.model, module.processor.tokenizer)
+
 
 class RolloutEngine(ABC):
     """Samples completions for the trainer; one subclass per backend (vLLM, transformers).

@@ -36,7 +36,7 @@ from rollout.guardrails import rejected_rows
 from rollout.shaping import OverlongShaping, overlong_penalties
 
 if TYPE_CHECKING:  # the consumer protocol's annotations only
-    from rollout.base import PolicyHandle, RolloutEngine
+    pass
 
 Generator = Callable[[list[RolloutRequest], SamplingConfig], list[RolloutResult]]
 """The engine's ``generate`` (possibly supervised, or shared out over sequence-parallel peers)."""
@@ -194,8 +194,14 @@ class RolloutConsumer(Protocol):
     sequence_shard: SequenceShard | None
     """The sequence-parallel group the module scores with (None: sequences are not split)."""
 
-    def policy(self) -> PolicyHandle:
-        """The policy an engine starts on."""
+    model_path: str
+    """The HF directory the policy was loaded from (an engine with its own copy loads it)."""
+    model: torch.nn.Module | None
+    """The live policy (None before it is built)."""
+
+    @property
+    def processor(self) -> Any:
+        """The policy's processor (its tokenizer: special token ids, decoding)."""
         ...
 
     @property
@@ -215,8 +221,9 @@ class RolloutConsumer(Protocol):
         """The vision tower's output, one tensor per video (shared out over ``sequence_shard``)."""
         ...
 
-    def check_experience(self, settings: ExperienceSettings, engine: RolloutEngine) -> None:
-        """Raise ``ValueError`` listing every way ``settings`` cannot work with the module's own."""
+    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+        """Raise ``ValueError`` listing every way G completions per prompt, sampled in
+        ``engine_dtype`` (None: the policy's own), cannot work with the module's settings."""
         ...
 
     def receive_rollouts(self, rollouts: RolloutBatch) -> None:

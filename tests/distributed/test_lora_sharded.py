@@ -26,8 +26,8 @@ from helpers.sharded_runs import fit_on_rollouts, grpo_module, launched_external
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close, assert_identical
 
 from models.loading import load_model
+from models.lora import engine_weights
 from parallel.sharding import full_tensor
-from rollout.weight_sync import trainable_parameters
 
 PROMPTS = 4
 STEPS = 3
@@ -42,7 +42,7 @@ class RecordEngineWeights(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         # Every rank iterates: the merge gathers sharded weights (collectives in one order).
-        merged = {name: tensor.detach().clone() for name, tensor in trainable_parameters(pl_module.model)}
+        merged = {name: tensor.detach().clone() for name, tensor in engine_weights(pl_module.model)}
         base = {
             name: full_tensor(p.detach()).clone()
             for name, p in pl_module.model.named_parameters()

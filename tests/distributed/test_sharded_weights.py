@@ -31,7 +31,9 @@ from helpers.tolerances import assert_identical
 
 from models.export import save_hf_model
 from models.loading import load_model, load_processor
-from rollout.weight_sync import full_tensor, sync_weights, trainable_parameters
+from models.lora import engine_weights
+from parallel.sharding import full_tensor
+from rollout.weight_sync import sync_weights
 
 WORLD_SIZE = 2
 KIB = 2**10
@@ -63,7 +65,7 @@ def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
     out = Path(out_dir)
     for dtype, bucket_bytes in SYNCS:
         engine = WeightRecorder(dtype)
-        report = sync_weights(engine, trainable_parameters(model), bucket_bytes)
+        report = sync_weights(engine, engine_weights(model), bucket_bytes)
         record = {"calls": engine.calls, "call_bytes": engine.call_bytes, "finished": engine.finished}
         torch.save({**record, "report": report}, out / f"sync-{dtype}-rank{rank}.pt")
     save_hf_model(model, load_processor(model_dir), out / "hf")

@@ -2,7 +2,7 @@
 
 The engine is started from the base model directory, as the rollout callback starts it; the
 policy has LoRA adapters with a non-zero update. After a sync of the merged weights
-(:func:`rollout.weight_sync.trainable_parameters` on the adapted model: ``W + scaling * B @ A``
+(:func:`models.lora.engine_weights` on the adapted model: ``W + scaling * B @ A``
 under the base names), the engine's log-probs of its samples equal the trainer's, which scores
 them with the adapters (``W x + scaling * B (A x)``), within the float32 bar the existing engine
 tests use (``tolerances.FORWARD_ULPS`` of the log-probs' scale, see tests/e2e/test_rollout_vllm.py),
@@ -26,12 +26,12 @@ from core.layout import PromptLayout, ScoringBatch, pad_rows
 from families import position_rule_of
 from models.loading import load_model, load_processor
 from models.logprobs import completion_logprobs
-from models.lora import LoraSettings, adapter_parameters, apply_lora
+from models.lora import LoraSettings, adapter_parameters, apply_lora, engine_weights
 from models.vision import encode_videos
 from rewards.registry import register
 from rollout.base import PolicyHandle, RolloutRequest, SamplingConfig
 from rollout.vllm_engine import VLLMEngine
-from rollout.weight_sync import sync_weights, trainable_parameters
+from rollout.weight_sync import sync_weights
 
 
 @register("test_lora_length")
@@ -74,7 +74,7 @@ def test_engine_logprobs_after_a_merged_sync_equal_the_adapted_trainer(tiny_mode
     engine = VLLMEngine(dtype="float32", max_model_len=1024, max_num_seqs=8)
     engine.start(PolicyHandle(str(tiny_model_dir), policy, processor.tokenizer))
     try:
-        report = sync_weights(engine, trainable_parameters(policy), bucket_bytes=2**16)
+        report = sync_weights(engine, engine_weights(policy), bucket_bytes=2**16)
         (result,) = engine.generate(
             [request], SamplingConfig(n=4, temperature=1.0, max_new_tokens=16, seed=3)
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,10 @@ from models.vision import encode_videos
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages
 from rollout.base import PolicyHandle, SamplingConfig
-from rollout.experience import ExperienceSettings, collect_rollouts, settings_problem
+from rollout.experience import ExperienceSettings, RolloutConsumer, collect_rollouts, settings_problem
 from rollout.hf_engine import TransformersEngine
 from rollout.supervision import EngineSupervisor
+from rollout.worker import RolloutWorker
 
 
 def test_collect_rollouts_lays_out_what_the_engine_sampled(tiny_model_dir: Path, synth_dir: Path) -> None:
@@ -127,12 +129,100 @@ def test_settings_that_cannot_work_are_refused_at_once(tiny_model_dir: Path) -> 
     with pytest.raises(ValueError, match="num_generations=1"):
         ExperienceSettings(SamplingConfig(n=1))
     module = GRPOModule(str(tiny_model_dir), dtype="float32")
-    module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="float32"))
-    module.check_experience(ExperienceSettings(SamplingConfig(n=2)), TransformersEngine())
+    module.check_experience(2, VLLMEngine(dtype="float32").dtype)
+    module.check_experience(2, TransformersEngine().dtype)
     with pytest.raises(
         ValueError, match=r"samples in bfloat16 but the policy scores in float32(.|\n)*rollout_correction"
     ):
-        module.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="bfloat16"))
+        module.check_experience(2, VLLMEngine(dtype="bfloat16").dtype)
     # Rollout correction is what makes a lower-precision engine usable.
     corrected = GRPOModule(str(tiny_model_dir), dtype="float32", rollout_correction={"mode": "truncate"})
-    corrected.check_experience(ExperienceSettings(SamplingConfig(n=2)), VLLMEngine(dtype="bfloat16"))
+    corrected.check_experience(2, VLLMEngine(dtype="bfloat16").dtype)
+
+
+def test_a_rollout_batch_has_everything_the_policy_update_reads() -> None:
+    # models.rl.experience states what GRPOModule reads as protocols (models does not import
+    # rollout); the producer's dataclasses must keep every member of them.
+    import dataclasses
+
+    from models.rl.experience import Experience, ExperiencePrompts
+    from rollout.experience import PromptBatch, RolloutBatch
+
+    for protocol, producer in ((Experience, RolloutBatch), (ExperiencePrompts, PromptBatch)):
+        fields = {field.name for field in dataclasses.fields(producer)}
+        methods = {name for name, value in vars(protocol).items() if callable(value) and name[0] != "_"}
+        assert set(protocol.__annotations__) <= fields, protocol
+        assert all(callable(getattr(producer, name, None)) for name in methods), protocol
+    assert {"segment_embeds", "segment_inputs", "video_embeds"} <= set(vars(Experience))
+
+
+class SleepRecordingEngine(TransformersEngine):
+    """The transformers engine, recording its sleeps and wakes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def sleep(self) -> None:
+        self.calls.append("sleep")
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+
+
+class TinyConsumer:
+    """What a RolloutWorker needs of a module, around the tiny model (no Trainer, no Lightning)."""
+
+    sequence_shard = None
+    trains_vision = False
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_path = str(model_dir)
+        self.model = load_model(model_dir).eval()
+        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.received: list[object] = []
+
+    def gathered_model(self) -> nullcontext[torch.nn.Module]:
+        return nullcontext(self.model)
+
+    def encode_videos(self, pixels: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
+        return encode_videos(self.model, pixels, grids)
+
+    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+        pass
+
+    def receive_rollouts(self, rollouts: object) -> None:
+        self.received.append(rollouts)
+
+
+def test_a_rollout_worker_runs_a_step_in_named_methods_without_a_trainer(
+    tiny_model_dir: Path, synth_dir: Path
+) -> None:
+    module = TinyConsumer(tiny_model_dir)
+    assert isinstance(module, RolloutConsumer)
+    engine = SleepRecordingEngine()
+    supervisor = EngineSupervisor(engine, policy=lambda: PolicyHandle.of(module), weights=lambda: [])
+    settings = ExperienceSettings(
+        SamplingConfig(n=3, temperature=1.0, max_new_tokens=6, seed=4), (RewardSpec("format", 1.0),)
+    )
+    worker = RolloutWorker(module, supervisor, settings)
+    worker.start()
+    worker.step = 2
+    prompts = prompt_batch(tiny_model_dir, synth_dir)
+    rollouts, rounds, report = worker.select(prompts, draw=lambda: None, everywhere=lambda flag: flag)
+    assert rounds == [rollouts] and report is None and worker.vision_calls == 2
+    # The same step's rollouts as collect_rollouts makes them with the engine itself.
+    direct = collect_rollouts(
+        prompts,
+        module.encode_videos,
+        engine.generate,
+        settings,
+        step=2,
+        pad_token_id=module.processor.tokenizer.pad_token_id,
+    )
+    assert [c.token_ids for c in rollouts.completions] == [c.token_ids for c in direct.completions]
+    assert_identical(rollouts.advantages, direct.advantages, reason="same rewards, same advantages")
+    assert module.received == [] and engine.calls == []
+    worker.hand_over(rollouts)
+    assert module.received == [rollouts] and engine.calls == ["sleep"]
+    assert worker.sync().parameters == 0 and engine.calls == ["sleep", "wake"]  # samples with the policy

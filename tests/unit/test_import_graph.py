@@ -23,8 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"core", "rewards", "parallel", FAMILIES},
     "datamodules": {"core", "parallel", FAMILIES},
     "datatools": {"core", "datamodules", FAMILIES},
-    "evaluation": {"core", "rewards", "rollout"},
-    "models": {"core", "parallel", "rollout", "rewards", "evaluation", FAMILIES},
+    "evaluation": {"core", "rewards", "rollout", FAMILIES},
+    "models": {"core", "parallel", "rewards", "evaluation", FAMILIES},
     "callbacks": {"core", "parallel", "rollout", "rewards", "evaluation", "models", "datamodules", FAMILIES},
 }
 PACKAGES = {*ALLOWED, "app"}

@@ -37,12 +37,14 @@ from models.lora import (
     adapter_parameters,
     apply_lora,
     base_model,
+    engine_weights,
+    lora_layers,
     merged_state_dict,
     parameter_bytes,
 )
 from models.sft import SFTModule
 from models.vision import vision_tower
-from rollout.weight_sync import lora_layers, sync_weights, trainable_parameters
+from rollout.weight_sync import sync_weights
 
 LORA = {"r": 4, "alpha": 8.0}
 
@@ -156,7 +158,7 @@ def test_the_engine_receives_merged_weights_under_the_base_names(tiny_model_dir:
     perturb_adapters(model)
     kept = {name: p.detach().clone() for name, p in model.named_parameters()}
     engine = WeightRecorder(dtype="float32")
-    report = sync_weights(engine, trainable_parameters(model), bucket_bytes=2**14)
+    report = sync_weights(engine, engine_weights(model), bucket_bytes=2**14)
     received = engine.received()
     layers = lora_layers(model)
     expected_names = [
@@ -193,7 +195,7 @@ def test_the_engine_receives_merged_weights_under_the_base_names(tiny_model_dir:
 def test_a_partial_target_still_sends_each_fused_layer_whole(tiny_model_dir: Path) -> None:
     model = apply_lora(load_model(tiny_model_dir), LoraSettings(**LORA, target_modules=("q_proj", "up_proj")))
     engine = WeightRecorder(dtype="float32")
-    sync_weights(engine, trainable_parameters(model))
+    sync_weights(engine, engine_weights(model))
     received = engine.received()
     attention = "model.language_model.layers.0.self_attn"
     # k and v share vLLM's qkv_proj with q, down is gate/up's sibling: all of their parents' weights.
@@ -318,7 +320,7 @@ def test_other_families_adapt_disable_and_merge_alike(family: str) -> None:
     assert_float32_close(merged, adapted, ulps=FORWARD_ULPS, reason=f"{family}: merged vs adapted")
     # The engine gets every parameter of each adapted layer's parent, under plain names.
     engine = WeightRecorder(dtype="float32")
-    sync_weights(engine, trainable_parameters(model))
+    sync_weights(engine, engine_weights(model))
     received = engine.received()
     assert set(received) <= set(dict(plain.named_parameters()))
     for name, tensor in received.items():

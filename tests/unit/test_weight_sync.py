@@ -18,8 +18,9 @@ from helpers.tolerances import assert_identical
 
 from models.architectures import PUBLISHED_CONFIGS
 from models.loading import load_model
+from models.lora import engine_weights
 from rollout.hf_engine import TransformersEngine
-from rollout.weight_sync import MIB, SyncReport, fused_module_key, sync_weights, trainable_parameters
+from rollout.weight_sync import MIB, SyncReport, fused_module_key, sync_weights
 
 KIB = 2**10
 
@@ -42,7 +43,7 @@ def group_sizes(engine: WeightRecorder, named: list[tuple[str, torch.Tensor]], i
 
 def test_every_trainable_parameter_arrives_once_whole_and_in_the_engine_dtype(policy) -> None:
     engine = WeightRecorder(dtype="bfloat16")
-    report = sync_weights(engine, trainable_parameters(policy), bucket_bytes=64 * KIB)
+    report = sync_weights(engine, engine_weights(policy), bucket_bytes=64 * KIB)
     trainable = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     received = engine.received()
     assert list(received) == [n for n, _ in trainable]  # in named_parameters order, each once
@@ -57,8 +58,8 @@ def test_every_trainable_parameter_arrives_once_whole_and_in_the_engine_dtype(po
 def test_buckets_stay_within_the_bound_and_keep_fused_layers_whole(policy, bucket_kib: int) -> None:
     bucket_bytes = bucket_kib * KIB
     engine = WeightRecorder(dtype="float32", keep_values=False)
-    report = sync_weights(engine, trainable_parameters(policy), bucket_bytes=bucket_bytes)
-    sizes = group_sizes(engine, list(trainable_parameters(policy)), itemsize=4)
+    report = sync_weights(engine, engine_weights(policy), bucket_bytes=bucket_bytes)
+    sizes = group_sizes(engine, list(engine_weights(policy)), itemsize=4)
     largest_group = max(sizes.values())
     # Each vLLM layer (q/k/v together, gate/up together) arrives in one call.
     groups_per_call = [{engine.weight_group(name) for name, _ in call} for call in engine.calls]
@@ -81,7 +82,7 @@ class KeepsTheTensors(WeightRecorder):
 
 def test_the_peak_counts_tensors_still_alive(policy) -> None:
     engine = KeepsTheTensors(dtype="bfloat16", keep_values=False)
-    report = sync_weights(engine, trainable_parameters(policy), bucket_bytes=16 * KIB)
+    report = sync_weights(engine, engine_weights(policy), bucket_bytes=16 * KIB)
     assert report.buckets > 10 and report.peak_bytes == report.bytes_sent
 
 
@@ -100,14 +101,14 @@ def test_an_engine_failing_mid_sync_still_lets_every_gather_happen(policy) -> No
     read: list[str] = []
 
     def gathered() -> Iterator[tuple[str, torch.Tensor]]:
-        for name, parameter in trainable_parameters(policy):
+        for name, parameter in engine_weights(policy):
             read.append(name)
             yield name, parameter
 
     engine = FailsOnSecondBucket(dtype="float32", keep_values=False)
     with pytest.raises(MemoryError, match="loading weights"):
         sync_weights(engine, gathered(), bucket_bytes=16 * KIB)
-    assert read == [name for name, _ in trainable_parameters(policy)]
+    assert read == [name for name, _ in engine_weights(policy)]
     assert len(engine.calls) == 1 and engine.finished == 0
 
 
@@ -132,7 +133,7 @@ def test_names_are_the_hugging_face_names_under_wrappers() -> None:
 
     model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList([checkpoint_wrapper(torch.nn.Linear(2, 2))])})
     assert next(n for n, _ in model.named_parameters()) == "layers.0._checkpoint_wrapped_module.weight"
-    assert [n for n, _ in trainable_parameters(model)] == ["layers.0.weight", "layers.0.bias"]
+    assert [n for n, _ in engine_weights(model)] == ["layers.0.weight", "layers.0.bias"]
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
     attention = "model.layers.3.self_attn"
     assert fused_module_key(f"{attention}.v_proj.bias", packed) == f"{attention}.qkv_proj"
@@ -155,8 +156,8 @@ def test_qwen2_5_vl_7b_sync_holds_one_embedding_at_most() -> None:
     for name, parameter in model.named_parameters():
         parameter.requires_grad_("visual" not in name)
     engine = WeightRecorder(dtype="bfloat16", keep_values=False)
-    report = sync_weights(engine, trainable_parameters(model), bucket_bytes=512 * MIB)
+    report = sync_weights(engine, engine_weights(model), bucket_bytes=512 * MIB)
     embedding = 152064 * 3584 * 2
     assert report.peak_bytes == embedding  # 1,039.5 MiB
     assert sorted(engine.call_bytes)[-3] <= 512 * MIB < embedding == sorted(engine.call_bytes)[-2]
-    assert report.bytes_sent == sum(p.numel() * 2 for _, p in trainable_parameters(model))
+    assert report.bytes_sent == sum(p.numel() * 2 for _, p in engine_weights(model))
