@@ -142,6 +142,8 @@ class RunCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
     def _find_last_checkpoints(self, trainer: L.Trainer) -> set[str]:
+        # Protected (no public hook runs before `--ckpt_path last` is resolved, and the folder
+        # depends on the trainer's default_root_dir): tests/unit/test_lightning_internals.py.
         self._use_run_folder(trainer)
         return super()._find_last_checkpoints(trainer)
 
@@ -202,9 +204,9 @@ class RunCheckpoint(ModelCheckpoint):
         interrupted = not self.interrupted and self._interrupted(trainer)
         if not (trainer.received_sigterm or interrupted):
             return
-        if self.save_last and trainer.global_step != self._last_global_step_saved:
+        if self._last_unsaved(trainer):
             rank_zero_info(f"pre-empted: saving the checkpoint of step {trainer.global_step}")
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._save_last_now(trainer)
         if interrupted:
             self.interrupted = True
             trainer.should_stop = True  # (Lightning says so when trainer.min_steps/min_epochs forbid it)
@@ -223,12 +225,12 @@ class RunCheckpoint(ModelCheckpoint):
         stopped_by_sigterm = (
             isinstance(exception, SIGTERMException) and trainer.state.fn == "fit" and trainer.world_size == 1
         )
-        unsaved = self.save_last and trainer.global_step != self._last_global_step_saved
+        unsaved = self._last_unsaved(trainer)
         if isinstance(exception, StepNotTaken) and stopped_safely and self._finished_step_data is not None:
             trainer.datamodule.rewind_training_position(self._finished_step_data)
         if (stopped_safely or stopped_by_sigterm) and unsaved:
             rank_zero_info(f"saving the checkpoint of step {trainer.global_step} before stopping")
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._save_last_now(trainer)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -248,6 +250,17 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Training that stops on max_steps inside a (streaming, endless) epoch would otherwise end
         # without a last.ckpt unless the step count happened to hit `every_n_train_steps`.
-        if self.save_last and trainer.global_step != self._last_global_step_saved:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        if self._last_unsaved(trainer):
+            self._save_last_now(trainer)
         super().on_train_end(trainer, pl_module)
+
+    # -- ModelCheckpoint's protected members, used here and in _find_last_checkpoints only -----
+    # Lightning 2.6 has no public way to write `last.ckpt` outside ModelCheckpoint's own schedule
+    # with its bookkeeping (last_model_path, the link, the previous last removed), nor to ask
+    # whether this step is saved already; tests/unit/test_lightning_internals.py fails loudly
+    # when an upgrade renames or changes them.
+    def _last_unsaved(self, trainer: L.Trainer) -> bool:
+        return bool(self.save_last) and trainer.global_step != self._last_global_step_saved
+
+    def _save_last_now(self, trainer: L.Trainer) -> None:
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

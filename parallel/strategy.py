@@ -28,6 +28,7 @@ Works on CPU (gloo) and GPU (nccl), under ``lvrl fit`` with ``trainer.devices=N`
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from datetime import timedelta
@@ -36,7 +37,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.precision import HalfPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
@@ -125,11 +125,17 @@ class SequenceParallelStrategy(ModelParallelStrategy):
     # -- mesh ---------------------------------------------------------------------------------
     def _configure_launcher(self) -> None:
         # Called while the Trainer is built, once devices and nodes are known and before any
-        # process is launched: the earliest point where a bad layout can be refused.
+        # process is launched: the earliest point where a bad layout can be refused. Protected:
+        # Lightning 2.6 has no public hook there (tests/unit/test_lightning_internals.py).
         mesh_shape(self.num_nodes * self.num_processes, self.sequence_parallel_size)
         super()._configure_launcher()
 
     def setup_environment(self) -> None:
+        # ModelParallelStrategy's own, with our mesh instead of its (data, tensor) one: its body
+        # is followed, protected members included (_setup_distributed, _device_mesh and the
+        # module's _device_mesh, which its public device_mesh properties read); calling it and
+        # replacing the mesh would build process groups that are never used.
+        # tests/unit/test_lightning_internals.py fails when Lightning changes that body.
         self.shape = mesh_shape(self.num_nodes * self.num_processes, self.sequence_parallel_size)
         self._setup_distributed()  # the accelerator's device, then the default process group
         device = self.root_device.type
@@ -206,7 +212,7 @@ class SequenceParallelStrategy(ModelParallelStrategy):
 
     # -- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike[str], storage_options: Any | None = None
     ) -> None:
         if not self._save_distributed_checkpoint:
             super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -231,7 +237,7 @@ class SequenceParallelStrategy(ModelParallelStrategy):
                 old.unlink()
         self.barrier("checkpoint renamed")
 
-    def remove_checkpoint(self, filepath: _PATH) -> None:
+    def remove_checkpoint(self, filepath: str | os.PathLike[str]) -> None:
         if self.global_rank != 0:
             return
         path = Path(filepath)
