@@ -62,7 +62,7 @@ from rollout.worker import RolloutWorker
 log = logging.getLogger(__name__)
 
 PROGRESS_BAR_METRICS = ("reward/total_mean", "rollout/accuracy")
-BASE_BATCH_HOOK = L.LightningModule.on_before_batch_transfer
+BASE_DATAMODULE_HOOK = L.LightningDataModule.on_before_batch_transfer
 
 
 class RolloutCallback(Callback):
@@ -253,7 +253,7 @@ class RolloutCallback(Callback):
             draw=lambda: self._draw_prompts(trainer, pl_module),
             everywhere=lambda flag: trainer.strategy.reduce_boolean_decision(flag, all=True),
         )
-        worker.hand_over(rollouts)
+        worker.hand_over(rollouts, batch)
         self._after_rollouts(trainer, pl_module, rounds, time.perf_counter() - started, report)
 
     def _after_rollouts(
@@ -300,10 +300,12 @@ class RolloutCallback(Callback):
         if batch is None:
             return None
         # The hooks Lightning runs on a batch it fetched for training: on_before_batch_transfer
-        # (the module's where it defines one, else the datamodule's, which counts the batch as
-        # consumed: its stream position in checkpoints), then the move to the device.
-        module_defines_it = type(pl_module).on_before_batch_transfer is not BASE_BATCH_HOOK
-        hooks = pl_module if module_defines_it else trainer.datamodule
+        # (the datamodule's where it defines one, as Lightning chooses, else the module's; ours
+        # counts the batch as consumed: its stream position in checkpoints), then the move to
+        # the device.
+        datamodule = trainer.datamodule
+        datamodule_defines_it = type(datamodule).on_before_batch_transfer is not BASE_DATAMODULE_HOOK
+        hooks = datamodule if datamodule_defines_it else pl_module
         batch = hooks.on_before_batch_transfer(batch, 0)  # type: ignore[union-attr]
         return PromptBatch.of(trainer.strategy.batch_to_device(batch, dataloader_idx=0))
 

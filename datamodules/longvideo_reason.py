@@ -250,8 +250,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
             )
         return settings
 
-    def _collator(self) -> VideoQACollator:
-        """Both layouts: SFT trains on prompt + target, RL samples from the prompt alone."""
+    def _collator(self, with_targets: bool = True) -> VideoQACollator:
+        """The prompts' layouts (what generation and rollouts start from), and ``with_targets``
+        the teacher-forcing layout too (prompt + target, a tool trace's frames decoded)."""
         traces = None
         if self.hparams.tool_use:
             traces = ToolTraces(
@@ -259,7 +260,9 @@ class LongVideoReasonDataModule(L.LightningDataModule):
                 self.family.merged_patch_pixels,
                 given_first_turn=self.hparams.tool_given_request,
             )
-        return VideoQACollator(self.processor, with_targets=True, family=self.family, tool_traces=traces)
+        return VideoQACollator(
+            self.processor, with_targets=with_targets, family=self.family, tool_traces=traces
+        )
 
     def _text_lengths(self) -> TextTokenCounter | None:
         limited = self.hparams.max_prompt_tokens is not None or self.hparams.max_target_tokens is not None
@@ -308,7 +311,10 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         self._loaders.clear()
 
     def train_dataloader(self) -> EpochAwareDataLoader:
-        collator = self._collator()
+        # A module that does not train on targets (GRPO learns from its rollouts) gets training
+        # batches without them: nothing is laid out or decoded that the step would not read.
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        collator = self._collator(with_targets=getattr(module, "trains_on_targets", True))
         self._apply_resume_state(self.datasets["train"])
         self._train_loader = self._loader(
             self.datasets["train"], self.hparams.batch_size, collator, train=True

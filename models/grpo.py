@@ -2,8 +2,8 @@
 
 The step reads top to bottom: the callback has already encoded each video once, sampled G
 completions per prompt from the engine, scored them and computed advantages, and handed them
-over as a :class:`~rollout.experience.RolloutBatch` (:meth:`GRPOModule.receive_rollouts`: what
-the update reads of it is :class:`models.rl.experience.Experience`);
+over as a :class:`~rollout.experience.RolloutBatch` in the training batch (what the update reads
+of it is :class:`models.rl.experience.Experience`; :meth:`GRPOModule.experience_of`);
 here the policy (and, with a KL term, the frozen reference) scores the same tokens in the
 prompts' own layout and positions with the cached video embeddings, and the clipped surrogate
 is minimised.
@@ -122,6 +122,11 @@ class GRPOModule(VLMModule):
         max_gap_steps: consecutive steps over ``max_logprob_gap`` that stop the run.
     """
 
+    trains_on_targets = False  # a training batch is prompts; the rollouts come with it (below)
+    EXPERIENCE = "experience"
+    """The training batch's key of the step's rollouts (an :class:`~models.rl.experience.Experience`),
+    set by :class:`callbacks.rl_rollout.RolloutCallback` before the step (``RolloutWorker.hand_over``)."""
+
     def __init__(
         self,
         model_path: str,
@@ -172,7 +177,6 @@ class GRPOModule(VLMModule):
         self.automatic_optimization = False
         self.reference: torch.nn.Module | None = None
         object.__setattr__(self, "_reference_scope", None)
-        self._rollouts: Experience | None = None
 
     # -- what the rollout callback hands over (rollout.experience.RolloutConsumer) --------------
     def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
@@ -221,22 +225,16 @@ class GRPOModule(VLMModule):
     def trains_vision(self) -> bool:
         return not self.hparams.freeze_vision
 
-    def receive_rollouts(self, rollouts: Experience) -> None:
-        self._rollouts = rollouts
-
-    @property
-    def pending_rollouts(self) -> Experience | None:
-        """The rollouts the coming training step learns from (None once it has taken them)."""
-        return self._rollouts
-
-    def _take_rollouts(self) -> Experience:
-        rollouts, self._rollouts = self._rollouts, None
-        if rollouts is None:
+    @classmethod
+    def experience_of(cls, batch: dict[str, Any]) -> Experience:
+        """The rollouts a training batch carries (what this step learns from)."""
+        experience = batch.get(cls.EXPERIENCE)
+        if experience is None:
             raise RuntimeError(
-                f"{type(self).__name__} trains on rollouts, and none were handed over for this step: "
+                f"{cls.__name__} trains on rollouts, and none came with this step's batch: "
                 "add callbacks.rl_rollout.RolloutCallback to trainer.callbacks"
             )
-        return rollouts
+        return experience
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -278,7 +276,7 @@ class GRPOModule(VLMModule):
         return int(most.item())
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        rollout = self._take_rollouts()
+        rollout = self.experience_of(batch)
         assert self.model is not None
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()

@@ -143,6 +143,11 @@ class VLMModule(L.LightningModule):
             the same embeddings. None: all of a step's at once.
     """
 
+    trains_on_targets: bool = True
+    """Whether training batches carry the teacher-forcing layout (prompt + target, labels, a tool
+    trace's frames). A module that learns from something else (GRPO: its rollouts) says False, and
+    the data module collates its training batches without them."""
+
     def __init__(
         self,
         model_path: str,

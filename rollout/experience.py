@@ -193,6 +193,8 @@ class RolloutConsumer(Protocol):
 
     sequence_shard: SequenceShard | None
     """The sequence-parallel group the module scores with (None: sequences are not split)."""
+    EXPERIENCE: str
+    """The training batch's key under which the module's step reads its rollouts."""
 
     model_path: str
     """The HF directory the policy was loaded from (an engine with its own copy loads it)."""
@@ -224,10 +226,6 @@ class RolloutConsumer(Protocol):
     def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
         """Raise ``ValueError`` listing every way G completions per prompt, sampled in
         ``engine_dtype`` (None: the policy's own), cannot work with the module's settings."""
-        ...
-
-    def receive_rollouts(self, rollouts: RolloutBatch) -> None:
-        """Take the rollouts the next training step learns from."""
         ...
 
 

@@ -9,7 +9,7 @@ drive a worker without a Trainer. A step, in order::
     generate   G completions per prompt from the supervised engine (or play tool-use episodes)
     score      rewards, group advantages and the scoring rows of one round of prompts
     select     with dynamic sampling, more rounds until enough groups are informative
-    hand_over  the engine sleeps; the module receives the rollouts its update learns from
+    hand_over  the engine sleeps; the training batch carries the rollouts its update learns from
     sync       after the update: the engine wakes and takes the new weights
 
 The worker holds the engine (behind its :class:`~rollout.supervision.EngineSupervisor`), the
@@ -178,11 +178,12 @@ class RolloutWorker:
             length_multiple=shard.length_multiple if shard is not None else 1,
         )
 
-    def hand_over(self, rollouts: RolloutBatch) -> None:
-        """The engine sleeps (the trainer gets the device until the weight sync) and the module
-        takes the rollouts its coming update learns from."""
+    def hand_over(self, rollouts: RolloutBatch, batch: dict[str, Any]) -> None:
+        """The engine sleeps (the trainer gets the device until the weight sync) and the step's
+        training ``batch`` carries the rollouts its update learns from (under the module's
+        ``EXPERIENCE`` key)."""
         self.engine.sleep()
-        self.module.receive_rollouts(rollouts)
+        batch[self.module.EXPERIENCE] = rollouts
 
     def _on_engine(self, work: Callable[[RolloutEngine], T]) -> T:
         """``work(engine)`` under the supervisor; an engine sampling with the live policy decodes

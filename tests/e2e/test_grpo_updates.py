@@ -36,7 +36,7 @@ class Record(L.Callback):
         self.global_steps_at_batch_start: list[int] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.completions.append(pl_module.pending_rollouts.scoring.completion_ids.clone())
+        self.completions.append(pl_module.experience_of(batch).scoring.completion_ids.clone())
         self.global_steps_at_batch_start.append(trainer.global_step)
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:

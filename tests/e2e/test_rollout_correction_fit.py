@@ -43,7 +43,7 @@ class Tamper(L.Callback):
         self.gradients: list[dict[str, torch.Tensor]] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        rollout = pl_module.pending_rollouts
+        rollout = pl_module.experience_of(batch)
         if self.edit is not None:
             self.edit(rollout)
         if self.record_old_policy:

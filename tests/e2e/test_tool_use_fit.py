@@ -34,9 +34,11 @@ class Episodes(L.Callback):
 
     def __init__(self) -> None:
         self.turns: list[list[int]] = []
+        self.batch_keys: list[set[str]] = []
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.turns.append([e.turns for e in pl_module.pending_rollouts.episodes])
+        self.turns.append([e.turns for e in pl_module.experience_of(batch).episodes])
+        self.batch_keys.append(set(batch))
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,11 @@ def test_tool_use_episodes_train_through_lightning(
         and float(metrics["tool/rejected_too_many_calls"]) == 6
     )
     assert float(metrics["tool/unanswered_fraction"]) == 1.0
+    # RL batches are collated for RL: prompts and their videos, then the rollouts; no
+    # teacher-forcing layout, no trace frames decoded.
+    for keys in trainer.episodes.batch_keys:  # type: ignore[attr-defined]
+        assert {"prompts", "meta", "experience"} <= keys
+        assert not keys & {"input_ids", "labels", "video_mask", "target_pixel_values_videos"}
     # Every sampled token of every turn, scored by the trainer with the replies in place, has
     # the engine's log-prob up to float32 rounding (a reply misplaced moves it by > 1e-2).
     assert float(metrics["rollout/logprob_diff_max"]) < 1e-3

@@ -52,7 +52,7 @@ class StepRecorder(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self._keys = [m["key"] for m in batch["meta"]]
         self._stream = [list(m["stream"]) for m in batch["meta"]]
-        rollout = getattr(pl_module, "pending_rollouts", None)  # GRPO, after the rollout callback
+        rollout = batch.get("experience")  # GRPO, after the rollout callback
         # The engine's log-probs of the sampled tokens: equal only if the same tokens were sampled.
         self._rollout = None if rollout is None else float(rollout.old_logprobs.double().sum())
         self._trained_keys = self._keys if rollout is None else [m["key"] for m in rollout.prompts.meta]
@@ -99,7 +99,7 @@ class SeededAdvantages(L.Callback):
         self.injected = 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        rollout = pl_module.pending_rollouts
+        rollout = pl_module.experience_of(batch)
         generator = torch.Generator().manual_seed(1000 + trainer.global_step)
         rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)
         poisoned = self.nan_from_step is not None and trainer.global_step >= self.nan_from_step

@@ -134,8 +134,8 @@ class HandOverAndRecord(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         pad = pl_module.processor.tokenizer.pad_token_id
         parts = self.parts[trainer.global_step]
-        pl_module.receive_rollouts(
-            rollout_of(parts, self.prompts, pad_token_id=pad, length_multiple=self.length_multiple)
+        batch[pl_module.EXPERIENCE] = rollout_of(
+            parts, self.prompts, pad_token_id=pad, length_multiple=self.length_multiple
         )
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: Any, optimizer: Any) -> None:

@@ -20,7 +20,7 @@ class FixedAdvantagesAndRecord(L.Callback):
         self.out_dir = Path(out_dir)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        rollout = pl_module.pending_rollouts
+        rollout = pl_module.experience_of(batch)
         generator = torch.Generator().manual_seed(trainer.global_step)
         rollout.advantages = torch.randn(rollout.advantages.shape, generator=generator)
         if trainer.global_step == 0:

@@ -175,12 +175,12 @@ class TinyConsumer:
 
     sequence_shard = None
     trains_vision = False
+    EXPERIENCE = "experience"
 
     def __init__(self, model_dir: Path) -> None:
         self.model_path = str(model_dir)
         self.model = load_model(model_dir).eval()
         self.processor = AutoProcessor.from_pretrained(model_dir)
-        self.received: list[object] = []
 
     def gathered_model(self) -> nullcontext[torch.nn.Module]:
         return nullcontext(self.model)
@@ -190,9 +190,6 @@ class TinyConsumer:
 
     def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
         pass
-
-    def receive_rollouts(self, rollouts: object) -> None:
-        self.received.append(rollouts)
 
 
 def test_a_rollout_worker_runs_a_step_in_named_methods_without_a_trainer(
@@ -222,7 +219,8 @@ def test_a_rollout_worker_runs_a_step_in_named_methods_without_a_trainer(
     )
     assert [c.token_ids for c in rollouts.completions] == [c.token_ids for c in direct.completions]
     assert_identical(rollouts.advantages, direct.advantages, reason="same rewards, same advantages")
-    assert module.received == [] and engine.calls == []
-    worker.hand_over(rollouts)
-    assert module.received == [rollouts] and engine.calls == ["sleep"]
+    assert engine.calls == []
+    batch: dict[str, object] = {"meta": []}
+    worker.hand_over(rollouts, batch)
+    assert batch["experience"] is rollouts and engine.calls == ["sleep"]
     assert worker.sync().parameters == 0 and engine.calls == ["sleep", "wake"]  # samples with the policy
