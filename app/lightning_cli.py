@@ -103,6 +103,46 @@ class LvrlCLI(LightningCLI):
             )
 
 
+class _ParsedConfig(Exception):
+    """Carries a parsed config out of :class:`_ConfigReader`."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+class _ConfigReader(LvrlCLI):
+    """``lvrl fit``'s own parse, stopped before any class is instantiated."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        raise _ParsedConfig(config.as_dict())
+
+
+def parsed_fit_config(config: str | os.PathLike[str], overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The ``lvrl fit`` config file ``config``, with command-line ``overrides``
+    (``--trainer.devices 8``), as LightningCLI parses it for ``lvrl fit``: every class's init
+    arguments, those the file leaves out with the class's own defaults, links applied. Nothing
+    is instantiated (no model is loaded); a config ``lvrl fit`` would refuse exits the same way.
+    What ``lvrl plan`` plans (:mod:`planner.run_config`)."""
+    try:
+        _ConfigReader(
+            VLMModule,
+            LongVideoReasonDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=["fit", "--config", str(config), *overrides],
+            parser_class=LvrlArgumentParser,
+            parser_kwargs={"prog": "lvrl"},
+            save_config_callback=None,
+            auto_configure_optimizers=False,
+            seed_everything_default=False,
+        )
+    except _ParsedConfig as parsed:
+        return parsed.config
+    raise AssertionError("LightningCLI went past before_instantiate_classes")
+
+
 def run_lightning_cli(argv: Sequence[str] | None = None) -> LvrlCLI:
     """``lvrl fit|validate|test|predict``; ``argv`` None reads ``sys.argv`` (the command line)."""
     given = sys.argv[1:] if argv is None else list(argv)

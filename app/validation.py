@@ -6,7 +6,7 @@ command will read, the sequence-parallel layout (size vs ``devices x num_nodes``
 heads vs Ulysses, read from the model's ``config.json``), the RL rollout settings (group size,
 reward names, their arguments), a GRPO module without a rollout callback (or the reverse), and,
 on a CUDA GPU with the sequence-parallel strategy's ``check_memory_plan`` on, whether the memory
-plan (:mod:`app.memory_check`) fits the device.
+plan (:mod:`planner.run_config`) fits the device.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.memory_check import cuda_memory, memory_problem
 from datamodules.shards import resolve_shards
 from models.loading import model_directory
 from parallel.mesh import check_attention_heads, mesh_shape
+from planner.run_config import cuda_memory, memory_problem
 from rewards.combine import RewardSpec
 from rewards.registry import SAMPLE_FIELDS, available_rewards, get_reward
 from rollout.experience import settings_problem
@@ -193,7 +193,7 @@ def _check_rl(trainer: dict[str, Any], model: dict[str, Any], problems: list[str
 
 def cuda_device(trainer: dict[str, Any]) -> tuple[int, str, int] | None:
     """``(memory in bytes, name, GPUs visible)`` of this process's CUDA GPU when the run will
-    use CUDA GPUs, None otherwise (see :func:`app.memory_check.cuda_memory`)."""
+    use CUDA GPUs, None otherwise (see :func:`planner.run_config.cuda_memory`)."""
     if str(trainer.get("accelerator") or "auto") not in ("gpu", "cuda", "auto"):
         return None
     strategy = trainer.get("strategy")

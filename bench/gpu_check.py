@@ -4,7 +4,7 @@
    split over 8 ranks (33,408 positions), Qwen2.5-VL-7B's 28 query heads of 128, bf16, forward
    and backward on one GPU as a ring of one (the block passes are left out: one block, the
    rank's own, is what the chunk loop computes against). ``torch.cuda.max_memory_allocated``
-   above the inputs beside :func:`parallel.memory_plan.ring_transient_bytes`.
+   above the inputs beside :func:`planner.memory.ring_transient_bytes`.
 2. **A GRPO step at 7B widths**: a Qwen2.5-VL with the 7B text widths and vocabulary and
    ``--layers`` decoder layers (random weights; the 7B vision tower's widths, 2 blocks), sharded by
    lvrl's FSDP2 layout over one rank, fp32 master weights, bf16 compute, checkpointing; one
@@ -39,7 +39,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # plan_check, beside t
 import plan_check  # noqa: E402
 
 from evaluation.provenance import provenance  # noqa: E402
-from parallel.memory_plan import RunSettings, TextModel, ring_transient_bytes  # noqa: E402
+from planner.memory import RunSettings, TextModel, ring_transient_bytes  # noqa: E402
 
 QWEN2_5_VL_7B_TEXT = {
     "hidden_size": 3584,
@@ -152,8 +152,8 @@ def grpo_check(args: argparse.Namespace, device: torch.device, meter: Any) -> di
     """One GRPO step of the 7B-width model (``plan_check``'s step) and the planner's peak for it."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from models.architectures import architecture_from_config
-    from parallel.memory_plan import Device, plan_memory
+    from planner.architectures import architecture_from_config
+    from planner.memory import Device, plan_memory
 
     text, vision = (TOY_TEXT, TOY_VISION) if args.cpu_dry_run else (QWEN2_5_VL_7B_TEXT, QWEN2_5_VL_7B_VISION)
     config_dict = {

@@ -9,7 +9,7 @@ ranks, MR-SP stage 1), scores G completions in micro-batches with lvrl's own sco
 (:func:`models.logprobs.completion_logprobs`, or
 :func:`parallel.prefill.sequence_parallel_completion_logprobs` when the sequence is split),
 takes the GRPO loss, backward, and an optimizer step. The planner
-(:func:`parallel.memory_plan.plan_memory` for a "cpu" device: no vLLM, no CUDA overhead)
+(:func:`planner.memory.plan_memory` for a "cpu" device: no vLLM, no CUDA overhead)
 predicts the peak of the same settings.
 
 Measured: the peak resident memory of each process above its resident memory just before the
@@ -59,8 +59,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from core.layout import PositionRule, PromptLayout, ScoringBatch  # noqa: E402
 from evaluation.provenance import provenance  # noqa: E402
-from models.architectures import architecture_from_config  # noqa: E402
-from parallel.memory_plan import Device, RunSettings, ValidationSettings, plan_memory  # noqa: E402
+from planner.architectures import architecture_from_config  # noqa: E402
+from planner.memory import Device, RunSettings, ValidationSettings, plan_memory  # noqa: E402
 
 VIDEO_TOKEN, VISION_START, VISION_END = 7, 4, 5
 MODEL_CONFIG: dict[str, Any] = {

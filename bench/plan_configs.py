@@ -16,16 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 
-from app.memory_check import run_settings, with_engine_limits  # noqa: E402
+from app.lightning_cli import parsed_fit_config  # noqa: E402
 from evaluation.provenance import provenance  # noqa: E402
-from models.architectures import published_architecture  # noqa: E402
-from parallel.memory_plan import GIB, Device, plan_memory  # noqa: E402
+from planner.architectures import published_architecture  # noqa: E402
+from planner.memory import GIB, Device, plan_memory  # noqa: E402
+from planner.run_config import run_settings, with_engine_limits  # noqa: E402
 
 CONFIGS = {
     "grpo_3b.yaml": "qwen2.5-vl-3b",
@@ -37,7 +36,7 @@ DEVICE_MEMORY = 80 * GIB  # "80GB": GPUs are sold in GiB
 
 
 def eight_k_variant() -> dict[str, Any]:
-    config = yaml.safe_load((ROOT / "configs/qwen2_5_vl/grpo_7b_4096f.yaml").read_text())
+    config = parsed_fit_config(ROOT / "configs/qwen2_5_vl/grpo_7b_4096f.yaml")
     config["data"]["init_args"]["num_frames"] = 8192
     engine = config["trainer"]["callbacks"][0]["init_args"]["engine"]["init_args"]
     engine["max_model_len"] = None
@@ -80,7 +79,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/plan/configs.json")
     args = parser.parse_args()
     rows = [
-        planned(name, yaml.safe_load((ROOT / "configs/qwen2_5_vl" / name).read_text()), architecture)
+        planned(name, parsed_fit_config(ROOT / "configs/qwen2_5_vl" / name), architecture)
         for name, architecture in CONFIGS.items()
     ]
     rows.append(planned("grpo_7b_4096f.yaml at 8,192 frames", eight_k_variant(), "qwen2.5-vl-7b"))

@@ -39,7 +39,7 @@ is timed once (the smallest one thus on its second run). The host-to-device copy
 is outside the timers; the processor's CPU work is reported as ``prep_s``.
 
 Not measured: optimizer states, the reference pass and rollouts (``lvrl plan``,
-:mod:`parallel.memory_plan`, plans the whole step's memory): this is one scoring pass of one group.
+:mod:`planner.memory`, plans the whole step's memory): this is one scoring pass of one group.
 
 Run on a GPU::
 
@@ -73,9 +73,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.episode import Episode
-from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from core.layout import PromptLayout, ScoringBatch
+from core.tool_use.episode import Episode
+from core.tool_use.requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME, FrameBudget
 from datamodules.prompts import encode_video_prompt
 from datamodules.rows import QARow
 from families import ModelFamily, family_of

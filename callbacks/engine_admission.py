@@ -1,6 +1,6 @@
 """The largest inputs a run's rollouts give its engine, from the data and the model, before either loads.
 
-The token counts are the memory planner's (:func:`parallel.memory_plan.token_counts`), so what
+The token counts are the memory planner's (:func:`planner.memory.token_counts`), so what
 ``lvrl plan`` prints and what the engine is sized for agree: the video of ``data.num_frames``
 at ``data.max_pixels_per_frame``, the prompt text bound ``data.max_prompt_tokens`` (none: only
 the video and the turns count, a lower bound), every turn at the rollouts' ``max_new_tokens``
@@ -13,10 +13,11 @@ import json
 import logging
 from typing import Any
 
-from core.frame_requests import FrameBudget
-from models.architectures import UnknownArchitecture, architecture_from_config
+from core.tool_use.requests import FrameBudget
+from families.published import UnknownArchitecture
 from models.loading import model_directory
-from parallel.memory_plan import RunSettings, token_counts
+from planner.architectures import architecture_from_config
+from planner.memory import RunSettings, token_counts
 from rollout.engine_limits import RolloutShape
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ Weights are loaded into an awake engine (vLLM's sleep level 1 has moved them to 
 dropped the KV cache); the engine stays awake into the next step's rollout, so each step wakes
 and sleeps it once. ``start`` (and a restart) leaves it awake.
 
-On CUDA each step also logs its phases' peak allocated memory (:mod:`core.device_memory`):
+On CUDA each step also logs its phases' peak allocated memory (:mod:`callbacks.device_memory`):
 ``memory/rollout_peak_gib`` (the rollout, the engine's own reservation aside),
 ``memory/train_peak_gib`` (scoring, backward and optimizer step) and ``memory/held_gib`` (what
 stays allocated after the update), the figures ``lvrl plan`` predicts.
@@ -37,10 +37,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.device_memory import PhasePeaks
 from callbacks.engine_admission import rollout_shape
-from core.device_memory import PhasePeaks
-from core.frame_requests import FrameBudget
 from core.settings import settings_block
+from core.tool_use.requests import FrameBudget
 from families import family_of
 from models.lora import engine_weights
 from rewards.combine import RewardSpec, default_reward_specs
@@ -103,7 +103,7 @@ class RolloutCallback(Callback):
             bucket, or one engine layer when a layer alone is larger (an embedding matrix).
             Logged as ``memory/weight_sync_peak_mb``.
         tool_use: multi-turn rollouts in which the model may ask for the frames of a time span
-            (:mod:`rollout.episodes`; the syntax in :mod:`core.frame_requests`):
+            (:mod:`rollout.episodes`; the syntax in :mod:`core.tool_use.requests`):
             ``{max_calls, frames_per_call, frames_per_episode, default_fps}`` (defaults 3, 16,
             32, 1.0). Frames are decoded from each sample's video (``data.init_args.
             tool_use: true``) at the data's pixel budget; ``max_new_tokens`` bounds each

@@ -164,7 +164,7 @@ class ScoringBatch:
     def completion_lengths(self) -> list[int]:
         """Tokens after each row's prompt. For a single-turn rollout every one is sampled and
         ``completion_mask`` marks them all; in a tool-use episode the mask leaves out the tool's
-        replies (:func:`core.episode.episode_scoring_batch`)."""
+        replies (:func:`core.tool_use.episode.episode_scoring_batch`)."""
         return [int(self.attention_mask[i].sum()) - p for i, p in enumerate(self.prompt_lengths)]
 
     def encodings_of(

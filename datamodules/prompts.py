@@ -27,7 +27,7 @@ TOOL_INSTRUCTION = (
     '{"name": "get_frames", "arguments": {"start": "mm:ss", "end": "mm:ss", "fps": 1}}</tool_call> '
     "and wait for them."
 )
-"""The frames tool, as tool-use prompts describe it (:mod:`core.frame_requests` has the syntax)."""
+"""The frames tool, as tool-use prompts describe it (:mod:`core.tool_use.requests` has the syntax)."""
 
 
 def _letters_hint(num_options: int) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.answers import unwrap_answer
-from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS, unwrap_answer
 
 __all__ = ["CATEGORIES", "MULTIPLE_CHOICE", "OPTION_LETTERS", "MalformedRow", "QARow", "parse_row"]
 

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.frame_requests import (
+from core.tool_use.reply import tokenize_reply
+from core.tool_use.requests import (
     MALFORMED,
     UNREADABLE_FRAMES,
     EpisodeFrames,
@@ -32,7 +33,6 @@ from core.frame_requests import (
     request_body,
     served_text,
 )
-from core.tool_reply import tokenize_reply
 from datamodules.stream import VideoQASample
 from datamodules.video import VideoDecodeError, decode_frames
 from families import ModelFamily
@@ -62,7 +62,7 @@ def given_turn(sample: VideoQASample, settings: ToolTraces | None) -> str | None
 
 
 class StoredVideo:
-    """A sample's encoded video, kept for the frames tool (a :class:`~core.frame_requests.FrameSource`):
+    """A sample's encoded video, kept for the frames tool (a :class:`~core.tool_use.requests.FrameSource`):
     requested frames are decoded at the data's pixel budget and patch rounding, so a segment
     looks like the rest of the video.
 
@@ -139,7 +139,7 @@ def trace_target(
 ) -> TraceTarget | None:
     """The trace's target for ``sample``, or None when it has no trace or the tool cannot serve it.
 
-    Each turn's request is served as a rollout serves it (:class:`~core.frame_requests.EpisodeFrames`:
+    Each turn's request is served as a rollout serves it (:class:`~core.tool_use.requests.EpisodeFrames`:
     the calls and frames counted against ``settings.budget``), so a trace the budget would refuse
     is not taught.
     """

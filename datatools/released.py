@@ -17,8 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from core.answers import answer_blocks
-from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS
+from core.qa import CATEGORIES, MULTIPLE_CHOICE, OPTION_LETTERS, answer_blocks
 from datamodules.rows import MalformedRow, QARow, parse_row
 
 # Reason codes of rows that are not written, in the order a row is checked.

@@ -85,8 +85,8 @@ from typing import Any
 
 import numpy as np
 
-from core.frame_requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME
 from core.qa import CATEGORIES, OPTION_LETTERS
+from core.tool_use.requests import CALL_CLOSE, CALL_OPEN, TOOL_NAME
 from datamodules.rows import QARow
 from datatools.synthetic import (
     SPLITS,
@@ -403,7 +403,7 @@ def tool_trace(
 
 
 def request_text(start_s: float, end_s: float, fps: float) -> str:
-    """A frames request in the tool's syntax (:mod:`core.frame_requests`)."""
+    """A frames request in the tool's syntax (:mod:`core.tool_use.requests`)."""
     rate: float | int = int(fps) if float(fps).is_integer() else fps
     arguments = {"start": format_timestamp(start_s), "end": format_timestamp(end_s), "fps": rate}
     return f"{CALL_OPEN}\n{json.dumps({'name': TOOL_NAME, 'arguments': arguments})}\n{CALL_CLOSE}"

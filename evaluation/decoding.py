@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from core.frame_requests import FrameBudget
+from core.tool_use.requests import FrameBudget
 from evaluation.spans import where_it_looked
 from families import ModelFamily
 from rollout.base import RolloutRequest, SamplingConfig

@@ -42,7 +42,7 @@ def completion_logprobs(
     For a long video the prompt is most of the sequence, so this cuts the forward and backward
     work by about G times; the log-probs equal the one-row-at-a-time ones up to float rounding.
 
-    ``segment_embeds`` (tool-use episodes, :func:`core.episode.episode_scoring_batch`): per row,
+    ``segment_embeds`` (tool-use episodes, :func:`core.tool_use.episode.episode_scoring_batch`): per row,
     the encodings of the video segments the tool put into its completion, in order; the tokens
     the tool wrote get log-prob 0 (``completion_mask`` leaves them out), and no logits are
     computed for them.

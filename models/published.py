@@ -3,7 +3,7 @@
 Nothing can be downloaded on our machines, yet memory and speed at real width are what a GPU
 run needs to know before it starts. :func:`build_published` makes a model with exactly the
 architecture of Qwen2.5-VL-3B/7B-Instruct or Qwen3-VL-2B/4B-Instruct (their ``config.json``
-numbers: ``PUBLISHED_CONFIGS`` and ``QWEN3_VL_PUBLISHED`` in :mod:`models.architectures`), with
+numbers: ``PUBLISHED_CONFIGS`` and ``QWEN3_VL_PUBLISHED`` in :mod:`planner.architectures`), with
 lvrl's local tokenizer and the family's processor, directly on a device and in a dtype: the
 presets' path (float32 on the CPU, every weight redrawn) would need ~18 GB of host memory for a
 4B model. ``lvrl model build --published NAME`` writes one as a model directory
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from families.presets import family_recipe
 from families.presets.base import qwen_text_fields, vision_token_ids
-from models.architectures import QWEN3_VL_PUBLISHED, published_config_json
+from families.published import QWEN3_VL_PUBLISHED, published_config_json
 from models.build import PRESETS, default_dtype
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def published_spec(name: str) -> tuple[str, dict[str, Any]]:
     >>> published_spec("qwen9-vl")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    models.architectures.UnknownArchitecture: unknown architecture 'qwen9-vl'; built-in: ...
+    families.published.UnknownArchitecture: unknown architecture 'qwen9-vl'; built-in: ...
     """
     config = published_config_json(name)  # the one place a published name is checked
     if config["model_type"] == "qwen3_vl":

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from core.frame_requests import TOOL_TAGS
+from core.tool_use.requests import TOOL_TAGS
 from families.presets.base import EOS_TOKEN, PAD_TOKEN
 
 # Qwen2.5-VL's special tokens, in the order of the real vocabulary (151643 ... 151656).

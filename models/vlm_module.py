@@ -24,9 +24,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.distributed.device_mesh import DeviceMesh
 
 from core.failures import NonFiniteUpdates
-from core.frame_requests import FrameBudget
 from core.positions import mrope_position_ids
 from core.settings import settings_block
+from core.tool_use.requests import FrameBudget
 from core.video import VideoEncoder
 from evaluation.decoding import ModelAnswers
 from evaluation.evaluator import (

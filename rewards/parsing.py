@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from core.answers import ANSWER_BLOCK, extract_answer
-from core.qa import OPTION_LETTERS
+from core.qa import ANSWER_BLOCK, OPTION_LETTERS, extract_answer
 
 _THINK_BLOCK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _FORMAT = re.compile(rf"^\s*<think>.*?</think>\s*{ANSWER_BLOCK.pattern}\s*$", re.DOTALL)

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from core.episode import Episode
 from core.layout import PromptLayout
+from core.tool_use.episode import Episode
 from core.video import VideoEmbedding
 from rollout.engine_limits import RolloutShape
 

@@ -12,7 +12,7 @@ and a setting that cannot work is named before any weight is loaded (:func:`limi
 
 The price of a larger ``max_num_batched_tokens``: vLLM profiles a forward pass of that many
 tokens when it starts, and keeps what that pass needed out of its KV cache (the memory
-planner counts it, :func:`parallel.memory_plan.engine_check`).
+planner counts it, :func:`planner.memory.engine_check`).
 """
 
 from __future__ import annotations

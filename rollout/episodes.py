@@ -5,11 +5,11 @@ rollouts) with ``</tool_call>`` as a stop token. Then, round by round, every epi
 turn ended with a request gets the tool's reply and one more turn from the engine, until no
 episode asks any more or the budget's turns are used (``max_calls`` requests, then a reply
 saying there are no more, then one last turn). Token in, token out: each turn's prompt is the
-episode's own tokens so far (:meth:`core.episode.Episode.engine_prompt`), never re-tokenised
+episode's own tokens so far (:meth:`core.tool_use.episode.Episode.engine_prompt`), never re-tokenised
 text.
 
 A request's frames are decoded from the sample's video by its source
-(:class:`~core.frame_requests.FrameSource`, the datamodule's), tokenised into the reply by the
+(:class:`~core.tool_use.requests.FrameSource`, the datamodule's), tokenised into the reply by the
 model's processor and encoded once per step by the trainer's vision tower: a
 :class:`SegmentCache` keyed by the video and the frames' source indices serves the same span to
 every episode that asks for it, and the trainer's policy and reference passes reuse the same
@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.episode import Episode
-from core.frame_requests import (
+from core.tool_use.episode import Episode
+from core.tool_use.reply import ReplyInputs, tokenize_reply
+from core.tool_use.requests import (
     CALL_CLOSE,
     EpisodeFrames,
     FrameBudget,
@@ -37,7 +38,6 @@ from core.frame_requests import (
     request_body,
     served_text,
 )
-from core.tool_reply import ReplyInputs, tokenize_reply
 from core.video import VideoEncoder
 from families import ModelFamily
 from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
@@ -45,7 +45,7 @@ from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConf
 
 @dataclass(frozen=True)
 class EpisodeVideo:
-    """A :class:`~core.frame_requests.FrameSource` from a decoding function (what tests and
+    """A :class:`~core.tool_use.requests.FrameSource` from a decoding function (what tests and
     callers without a datamodule use)."""
 
     key: str
@@ -212,7 +212,7 @@ def run_episodes(
     every peer then holds every episode: the tool serves the same replies on each, in the same
     order, so ``tool``'s encoder may be a collective of the group (MR-SP's shared encoding).
     ``given_turns``: per request, a first turn written for the model (token ids ending with a
-    request; :meth:`core.episode.Episode.add_given_turn`), or None to sample it; the request it
+    request; :meth:`core.tool_use.episode.Episode.add_given_turn`), or None to sample it; the request it
     ends with is served as any other, against the same budget.
     """
     if len(videos) != len(requests):

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from core.episode import Episode, episode_scoring_batch
 from core.layout import PromptLayout, ScoringBatch, pad_rows
+from core.tool_use.episode import Episode, episode_scoring_batch
 from core.video import VideoEmbedding, VideoEncoder
 from parallel.shard import SequenceShard
 from rewards.combine import RewardBreakdown, RewardSpec, compute_rewards, default_reward_specs

@@ -28,7 +28,7 @@ _WEIGHT_PATTERNS = (
 def register(parser: argparse.ArgumentParser) -> None:
     """Add the ``model`` sub-commands to ``parser``."""
     from families.presets import DEFAULT_FAMILY, FAMILIES
-    from models.architectures import published_names
+    from families.published import published_names
     from models.build import PRESETS  # light: no torch model is built at registration
 
     commands = parser.add_subparsers(dest="model_command", required=True)

@@ -2,7 +2,7 @@
 
 ``lvrl plan --config configs/qwen2_5_vl/grpo_7b.yaml --architecture qwen2.5-vl-7b --gpus 8
 --gpu-memory 80GB`` prints what each GPU holds in the two phases of a step (rollout, training)
-and exits 0 when the peak fits, 1 when it does not. Pure arithmetic (:mod:`parallel.memory_plan`):
+and exits 0 when the peak fits, 1 when it does not. Pure arithmetic (:mod:`planner.memory`):
 no GPU, model weights or data needed.
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from evaluation.tables import RULE, Column, Table, render_table
 
 if TYPE_CHECKING:
-    from parallel.memory_advice import Suggestion
-    from parallel.memory_plan import MemoryPlan
+    from planner.advice import Suggestion
+    from planner.memory import MemoryPlan
 
 INPUTS = """\
 Read from the config (a key left out takes its class's default):
@@ -55,7 +55,7 @@ framework overhead allowance (CUDA context, NCCL, fragmentation). Exit status 0:
 
 def register(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``lvrl plan``."""
-    from models.architectures import published_names
+    from families.published import published_names
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = INPUTS
@@ -87,22 +87,23 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> None:
     """Handler of ``lvrl plan``: print the table and verdict; exit 1 when the plan does not fit."""
-    import yaml
 
-    from app.memory_check import (
+    from app.lightning_cli import parsed_fit_config
+    from families.published import UnknownArchitecture
+    from planner.advice import combined_changes, suggestions
+    from planner.memory import Device, plan_memory
+    from planner.run_config import (
         PlanInputError,
         architecture_for,
         parse_memory,
         run_settings,
         with_engine_limits,
     )
-    from models.architectures import UnknownArchitecture
-    from parallel.memory_advice import combined_changes, suggestions
-    from parallel.memory_plan import Device, plan_memory
 
     if not args.config.is_file():
         raise SystemExit(f"lvrl plan: error: config {args.config} does not exist")
-    config = yaml.safe_load(args.config.read_text()) or {}
+    # Read as `lvrl fit` reads it: every class's defaults filled in from its own signature.
+    config = parsed_fit_config(args.config)
     try:
         memory = parse_memory(args.gpu_memory)
         arch = architecture_for(config, args.architecture)
@@ -126,7 +127,7 @@ def _gib(value: float) -> str:
 
 
 def _header(plan: MemoryPlan, config_name: str) -> list[str]:
-    from parallel.memory_plan import format_count, format_gib
+    from planner.memory import format_count, format_gib
 
     run, tokens = plan.settings, plan.tokens
     units = "GPUs" if plan.device.kind == "cuda" else "CPU processes"
@@ -183,7 +184,7 @@ def _table(plan: MemoryPlan) -> list[str]:
 
 
 def _engine_lines(plan: MemoryPlan) -> list[str]:
-    from parallel.memory_plan import format_gib
+    from planner.memory import format_gib
 
     engine, settings = plan.engine, plan.settings.engine
     if engine is None or settings is None:
@@ -205,7 +206,7 @@ def _engine_lines(plan: MemoryPlan) -> list[str]:
 
 def plan_text(plan: MemoryPlan, config_name: str, ideas: list[Suggestion], combined: list[Suggestion]) -> str:
     """The table, the engine check and the verdict, as ``lvrl plan`` prints them."""
-    from parallel.memory_plan import format_gib
+    from planner.memory import format_gib
 
     out = [*_header(plan, config_name), *_table(plan), "", *_engine_lines(plan)]
     phase = _titles(plan)[plan.peak_phase]
@@ -227,7 +228,7 @@ def plan_text(plan: MemoryPlan, config_name: str, ideas: list[Suggestion], combi
 
 def saving_text(saving: float) -> str:
     """``saves 2.03 GiB``, or ``costs ...`` for a change that makes room elsewhere (the vLLM share)."""
-    from parallel.memory_plan import format_gib
+    from planner.memory import format_gib
 
     return f"saves {format_gib(saving)}" if saving >= 0 else f"costs {format_gib(-saving)} at the peak"
 

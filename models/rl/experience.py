@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
-from core.episode import Episode
 from core.layout import PromptLayout, ScoringBatch
+from core.tool_use.episode import Episode
 from core.video import VideoEmbedding
 
 

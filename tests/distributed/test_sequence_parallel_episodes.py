@@ -25,8 +25,8 @@ import torch.multiprocessing as mp
 from helpers.episode_helpers import ScriptedEngine, video_prompt
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
-from core.episode import episode_scoring_batch
-from core.frame_requests import FrameBudget
+from core.tool_use.episode import episode_scoring_batch
+from core.tool_use.requests import FrameBudget
 from models.loading import load_model
 from models.logprobs import completion_logprobs, input_embeddings
 from rollout.base import SamplingConfig

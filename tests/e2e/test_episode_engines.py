@@ -2,7 +2,7 @@
 
 - Continuing an episode whose reply holds a video segment (Qwen2.5-VL and Qwen3-VL), both
   engines write the same greedy turn, and the trainer's scores of it (episode rows with the
-  segment's cached encoding, the positions of :mod:`core.episode`) equal each engine's
+  segment's cached encoding, the positions of :mod:`core.tool_use.episode`) equal each engine's
   reported log-probs.
 - A model that always writes ``</tool_call>`` runs whole episodes in both engines: every turn
   stops at the request, bad requests are answered and counted, the turns run out, and the
@@ -27,8 +27,8 @@ from helpers.tolerances import FORWARD_ULPS, assert_float32_close
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from core.episode import Episode, episode_scoring_batch
-from core.frame_requests import MALFORMED, TOO_MANY_CALLS, FrameBudget
+from core.tool_use.episode import Episode, episode_scoring_batch
+from core.tool_use.requests import MALFORMED, TOO_MANY_CALLS, FrameBudget
 from models.loading import load_model
 from models.logprobs import completion_logprobs
 from rollout.base import PolicyHandle, SamplingConfig, TurnRequest

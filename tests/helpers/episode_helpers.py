@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from transformers import AutoProcessor
 
-from core.episode import Episode
-from core.frame_requests import CALL_CLOSE, FrameBudget, FramePlan, served_text
 from core.layout import PromptLayout
-from core.tool_reply import tokenize_reply
+from core.tool_use.episode import Episode
+from core.tool_use.reply import tokenize_reply
+from core.tool_use.requests import CALL_CLOSE, FrameBudget, FramePlan, served_text
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream

@@ -231,7 +231,8 @@ def fit_on_rollouts(
         default_root_dir=root,
         callbacks=[HandOverAndRecord(parts, prompts, out, sequence_parallel_size), *(callbacks or [])],
     )
-    placeholders = torch.utils.data.DataLoader(list(range(len(parts))), batch_size=1)
+    # One batch per step, a dict as a datamodule's are: HandOverAndRecord puts the step's rollouts in it.
+    placeholders = torch.utils.data.DataLoader([{"step": i} for i in range(len(parts))], batch_size=1)
     trainer.fit(module, train_dataloaders=placeholders, ckpt_path=resume_from)
     if save_to is not None:
         trainer.save_checkpoint(save_to)

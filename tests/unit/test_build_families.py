@@ -21,7 +21,7 @@ import pytest
 import torch
 from helpers.tolerances import FORWARD_ULPS, assert_float32_close, assert_identical
 
-from core.frame_requests import TOOL_TAGS
+from core.tool_use.requests import TOOL_TAGS
 from families.presets import DEFAULT_FAMILY, FAMILIES
 from families.presets.qwen3_vl import VIDEO_MAX_PIXELS, mrope_section
 from models.build import PRESETS, build_model, build_model_dir, count_parameters

@@ -1,11 +1,11 @@
-"""core.device_memory: each phase's peak allocated CUDA memory; nothing measured elsewhere."""
+"""callbacks.device_memory: each phase's peak allocated CUDA memory; nothing measured elsewhere."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from core.device_memory import GIB, PhasePeaks
+from callbacks.device_memory import GIB, PhasePeaks
 
 
 def test_off_cuda_nothing_is_measured() -> None:

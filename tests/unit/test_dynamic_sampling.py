@@ -18,7 +18,7 @@ from helpers.scoring_helpers import prompt_batch
 from helpers.tolerances import assert_identical
 from transformers import AutoConfig
 
-from core.episode import Episode
+from core.tool_use.episode import Episode
 from families import family_of
 from rewards.combine import RewardSpec
 from rollout.advantages import grpo_advantages

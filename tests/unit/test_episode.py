@@ -12,8 +12,8 @@ import torch
 from helpers.episode_helpers import video_prompt
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
-from core.episode import Episode, ToolReply, episode_scoring_batch
 from core.layout import PositionRule, PromptLayout
+from core.tool_use.episode import Episode, ToolReply, episode_scoring_batch
 from core.video import VideoEmbedding
 from models.logprobs import completion_logprobs
 from models.vision import encode_row_segments, encode_videos

@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers.episode_helpers import ScriptedEngine, video_prompt
 
-from core.frame_requests import CALL_CLOSE, MALFORMED, TOO_MANY_CALLS, FrameBudget
+from core.tool_use.requests import CALL_CLOSE, MALFORMED, TOO_MANY_CALLS, FrameBudget
 from models.vision import encode_videos
 from rollout.base import SamplingConfig
 from rollout.episodes import run_episodes
@@ -123,7 +123,7 @@ def test_a_frozen_tower_keeps_no_pixel_values(prompt) -> None:
 
 
 def test_frames_the_video_cannot_give_are_a_rejection_and_cost_no_budget(prompt) -> None:
-    from core.frame_requests import UNREADABLE_FRAMES, RequestRejected
+    from core.tool_use.requests import UNREADABLE_FRAMES, RequestRejected
     from rollout.episodes import EpisodeVideo
 
     def damaged(indices):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from core.frame_requests import (
+from core.tool_use.requests import (
     BAD_ARGUMENTS,
     EMPTY_SPAN,
     MALFORMED,

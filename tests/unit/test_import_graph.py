@@ -25,7 +25,18 @@ ALLOWED: dict[str, set[str]] = {
     "datatools": {"core", "datamodules", FAMILIES},
     "evaluation": {"core", "rewards", "rollout", FAMILIES},
     "models": {"core", "parallel", "rewards", "evaluation", FAMILIES},
-    "callbacks": {"core", "parallel", "rollout", "rewards", "evaluation", "models", "datamodules", FAMILIES},
+    "planner": {"core", "rollout", "models", FAMILIES},
+    "callbacks": {
+        "core",
+        "parallel",
+        "rollout",
+        "rewards",
+        "evaluation",
+        "models",
+        "datamodules",
+        "planner",
+        FAMILIES,
+    },
 }
 PACKAGES = {*ALLOWED, "app"}
 

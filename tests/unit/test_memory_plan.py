@@ -3,7 +3,8 @@ its suggestions, ``lvrl plan`` on the real-size configs, and the start-up refusa
 
 from __future__ import annotations
 
-import inspect
+import copy
+import functools
 import json
 import re
 from dataclasses import replace
@@ -15,20 +16,13 @@ import yaml
 from helpers.cli import REPO_ROOT, lvrl
 from helpers.tolerances import assert_identical
 
-from app.memory_check import DEFAULTS, memory_problem, run_settings
 from app.validation import ConfigError, validate_config
-from core.frame_requests import FramePlan, served_text
-from core.tool_reply import reply_text
-from models.architectures import (
-    PUBLISHED_CONFIGS,
-    QWEN3_VL_PUBLISHED,
-    QWEN3_VL_TIMESTAMP_TOKENS,
-    QWEN3_VL_VISION,
-    architecture_from_config,
-    published_architecture,
-)
-from parallel.memory_advice import combined_changes, suggestions
-from parallel.memory_plan import (
+from core.tool_use.reply import reply_text
+from core.tool_use.requests import FramePlan, served_text
+from families.published import PUBLISHED_CONFIGS, QWEN3_VL_PUBLISHED, QWEN3_VL_VISION
+from planner.advice import combined_changes, suggestions
+from planner.architectures import QWEN3_VL_TIMESTAMP_TOKENS, architecture_from_config, published_architecture
+from planner.memory import (
     GIB,
     RING_QUERY_CHUNK,
     TOOL_REPLY_TEXT_TOKENS,
@@ -39,6 +33,7 @@ from parallel.memory_plan import (
     decoder_layer_saved_bytes,
     plan_memory,
 )
+from planner.run_config import PlanInputError, memory_problem, run_settings
 
 # A made-up architecture small enough to count by hand.
 SMALL_CONFIG = {
@@ -431,45 +426,33 @@ def test_an_oversized_engine_share_can_be_lowered() -> None:
 
 
 # -- reading configs ------------------------------------------------------------------------------
-def test_defaults_are_the_classes() -> None:
-    """Every default the planner assumes for a key left out equals its class's default; keys the
-    classes do not have yet are the sharded strategy's, checked once they exist."""
-    from callbacks.rl_rollout import RolloutCallback
-    from datamodules.longvideo_reason import LongVideoReasonDataModule
-    from models.grpo import GRPOModule
-    from models.vlm_module import VLMModule
-    from parallel.strategy import SequenceParallelStrategy
-    from rollout.vllm_engine import VLLMEngine
+@functools.cache
+def _parsed(relative: str, overrides: tuple[str, ...]) -> dict:
+    from app.lightning_cli import parsed_fit_config
 
-    classes = {
-        "strategy": SequenceParallelStrategy,
-        "module": VLMModule,
-        "grpo": GRPOModule,
-        "data": LongVideoReasonDataModule,
-        "rollout": RolloutCallback,
-        "engine": VLLMEngine,
-    }
-    pending = {
-        "sharding",
-        "param_dtype",
-        "reduce_dtype",
-        "cpu_offload",
-        "check_memory_plan",
-        "reference_placement",
-    }
-    missing = set()
-    for group, defaults in DEFAULTS.items():
-        parameters = inspect.signature(classes[group].__init__).parameters
-        for key, value in defaults.items():
-            if key not in parameters:
-                missing.add(key)
-                continue
-            assert parameters[key].default == value, f"{group}.{key}"
-    assert missing <= pending, missing - pending
+    return parsed_fit_config(REPO_ROOT / relative, overrides)
+
+
+def parsed(relative: str, *overrides: str) -> dict:
+    """The config file as ``lvrl fit`` parses it (every class's defaults in), a copy to change."""
+    return copy.deepcopy(_parsed(relative, overrides))
+
+
+def test_the_planner_reads_the_parsed_config_and_restates_no_default() -> None:
+    # The zoom GRPO config leaves the advantage, the engine's max_num_seqs and the strategy's
+    # sharding out; the parse fills them in from the classes' own signatures.
+    config = parsed("configs/zoom/grpo_tool.yaml")
+    rollout = config["trainer"]["callbacks"][0]["init_args"]
+    assert rollout["advantage"] == "grpo" and rollout["engine"]["init_args"]["max_num_seqs"] == 64
+    assert run_settings(config).num_generations == rollout["num_generations"]
+    # A file read as it is lacks them: refused, saying how to plan it.
+    raw = yaml.safe_load((REPO_ROOT / "configs/zoom/grpo_tool.yaml").read_text())
+    with pytest.raises(PlanInputError, match=r"has no '[a-z_]+': plan a config as LightningCLI parses it"):
+        run_settings(raw)
 
 
 def test_run_settings_of_a_real_config() -> None:
-    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b_4096f.yaml").read_text())
+    config = parsed("configs/qwen2_5_vl/grpo_7b_4096f.yaml")
     run = run_settings(config)
     assert (run.kind, run.world_size, run.sequence_parallel_size, run.num_frames) == ("grpo", 8, 8, 4096)
     assert run.master_dtype == "float32" and run.param_dtype == "bfloat16" and run.sharding == "full"
@@ -486,7 +469,7 @@ def test_run_settings_of_a_real_config() -> None:
 def test_the_issues_arithmetic_for_a_replicated_bf16_run() -> None:
     """The sharded strategy's starting point: grpo_7b.yaml under a replicating strategy with bf16-true, vLLM
     awake at 0.4: ~110 GB per GPU before any activation, so it cannot fit 80 GB."""
-    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config = parsed("configs/qwen2_5_vl/grpo_7b.yaml")
     config["trainer"].update(strategy="ddp", precision="bf16-true")
     config["trainer"]["callbacks"][0]["init_args"]["engine"]["init_args"]["enable_sleep_mode"] = False
     run = run_settings(config)
@@ -664,7 +647,7 @@ def test_a_reply_has_no_more_text_tokens_than_the_planner_allows() -> None:
 
 
 def test_run_settings_read_the_rollouts_tool_budget() -> None:
-    config = yaml.safe_load((REPO_ROOT / "configs/zoom/grpo_tool.yaml").read_text())
+    config = parsed("configs/zoom/grpo_tool.yaml")
     run = run_settings(config)
     assert (run.tool_calls, run.tool_frames, run.completion_tokens) == (2, 32, 96)
     rollout = config["trainer"]["callbacks"][0]["init_args"]
@@ -675,7 +658,7 @@ def test_run_settings_read_the_rollouts_tool_budget() -> None:
     rollout["tool_use"] = {"max_call": 2}
     with pytest.raises(ValueError, match=r"tool_use: unknown settings \['max_call'\]"):
         run_settings(config)
-    del rollout["tool_use"]
+    rollout["tool_use"] = None
     assert (run_settings(config).tool_calls, run_settings(config).tool_frames) == (0, 0)
 
 
@@ -703,18 +686,18 @@ def test_lvrl_plan_help_names_every_input() -> None:
 
 
 # -- the start-up check -------------------------------------------------------------------------------
-def sharded_demo_config(tiny_model_dir: Path, synth_dir: Path, **strategy) -> dict:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo.yaml").read_text())
-    config["model"]["init_args"]["model_path"] = str(tiny_model_dir)
-    config["data"]["init_args"].update(
-        train_shards=str(synth_dir / "train-*.tar"), val_shards=str(synth_dir / "val-*.tar")
+def sharded_demo_config(tiny_model_dir: Path, synth_dir: Path, **strategy: object) -> dict:
+    settings = {"sequence_parallel_size": 1, **strategy}
+    return parsed(
+        "configs/demo/grpo.yaml",
+        f"--model.init_args.model_path={tiny_model_dir}",
+        f"--data.init_args.train_shards={synth_dir / 'train-*.tar'}",
+        f"--data.init_args.val_shards={synth_dir / 'val-*.tar'}",
+        "--trainer.devices=1",
+        "--trainer.accelerator=gpu",
+        "--trainer.strategy=parallel.strategy.SequenceParallelStrategy",
+        *(f"--trainer.strategy.init_args.{key}={value}" for key, value in settings.items()),
     )
-    config["trainer"].update(devices=1, accelerator="gpu")
-    config["trainer"]["strategy"] = {
-        "class_path": "parallel.strategy.SequenceParallelStrategy",
-        "init_args": {"sequence_parallel_size": 1, **strategy},
-    }
-    return config
 
 
 def test_a_gpu_too_small_for_the_plan_is_refused_with_the_suggestions(tiny_model_dir, synth_dir) -> None:
@@ -734,7 +717,7 @@ def test_a_gpu_too_small_for_the_plan_is_refused_with_the_suggestions(tiny_model
 
 
 def test_the_check_names_what_would_fit(tiny_model_dir) -> None:
-    config = yaml.safe_load((REPO_ROOT / "configs/qwen2_5_vl/grpo_7b.yaml").read_text())
+    config = parsed("configs/qwen2_5_vl/grpo_7b.yaml")
     config["model"]["init_args"]["gradient_checkpointing"] = False
     problem = memory_problem(config, PUBLISHED_CONFIGS["qwen2.5-vl-7b"], 80 * GIB)
     assert problem is not None
@@ -778,7 +761,7 @@ def test_lora_trains_adapters_only_and_needs_no_reference_copy() -> None:
 
 
 def test_run_settings_of_a_lora_config() -> None:
-    config = yaml.safe_load((REPO_ROOT / "configs/demo/grpo_lora.yaml").read_text())
+    config = parsed("configs/demo/grpo_lora.yaml")
     config["model"]["init_args"]["kl_coef"] = 0.04  # even with a KL term: the reference is the base
     run = run_settings(config, gpus=1)
     assert run.lora_rank is not None and run.lora_targets and run.reference == "none" and run.freeze_vision

@@ -16,17 +16,13 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from app.commands import model as model_commands
-from models import architectures
-from models.architectures import (
-    PUBLISHED_CONFIGS,
-    architecture_from_config,
-    published_architecture,
-    published_names,
-)
+from families import published
+from families.published import PUBLISHED_CONFIGS, published_names
 from models.build import PRESETS, count_parameters
 from models.loading import load_model, load_processor
 from models.published import build_published, published_spec
 from models.tokenizer import train_tokenizer
+from planner.architectures import architecture_from_config, published_architecture
 
 
 def _run_cli(*argv: str) -> None:
@@ -138,7 +134,7 @@ MINI_QWEN3_VL = {  # a published-style spec: head_dim 64 with 2 heads of a 96-wi
         "num_key_value_heads": 1,
         "head_dim": 64,
         "max_position_embeddings": 4096,
-        "rope_parameters": {**architectures.QWEN3_VL_ROPE, "mrope_section": [12, 10, 10]},
+        "rope_parameters": {**published.QWEN3_VL_ROPE, "mrope_section": [12, 10, 10]},
     },
     "vision": {
         "depth": 2,
@@ -160,7 +156,7 @@ def test_weights_are_written_in_the_dtype_and_load_with_the_published_widths(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The whole path at a width a test affords: drawn on the CPU in bfloat16, saved, loaded."""
-    monkeypatch.setitem(architectures.QWEN3_VL_PUBLISHED, "mini", MINI_QWEN3_VL)
+    monkeypatch.setitem(published.QWEN3_VL_PUBLISHED, "mini", MINI_QWEN3_VL)
     out = tmp_path / "mini"
     _run_cli("--published", "mini", "--out", str(out), "--device", "cpu", "--seed", "3")
     assert "bfloat16 weights drawn on cpu" in capsys.readouterr().out

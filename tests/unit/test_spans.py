@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from core.frame_requests import FramePlan
+from core.tool_use.requests import FramePlan
 from datamodules.rows import QARow
 from evaluation.spans import HIT_COVERAGE, coverage, hits, where_it_looked
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoProcessor
 
-from core.episode import Episode
-from core.frame_requests import EpisodeFrames, FrameBudget, request_body, served_text
 from core.positions import mrope_position_ids
-from core.tool_reply import tokenize_reply
+from core.tool_use.episode import Episode
+from core.tool_use.reply import tokenize_reply
+from core.tool_use.requests import EpisodeFrames, FrameBudget, request_body, served_text
 from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream

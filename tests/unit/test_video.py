@@ -7,7 +7,7 @@ import av
 import numpy as np
 import pytest
 
-from core.frame_requests import FramesRequest, plan_frames
+from core.tool_use.requests import FramesRequest, plan_frames
 from datamodules import video as video_module
 from datamodules.video import (
     VideoDecodeError,

@@ -16,7 +16,7 @@ import torch
 from helpers.recording_engines import WeightRecorder
 from helpers.tolerances import assert_identical
 
-from models.architectures import PUBLISHED_CONFIGS
+from families.published import PUBLISHED_CONFIGS
 from models.loading import load_model
 from models.lora import engine_weights
 from rollout.hf_engine import TransformersEngine

@@ -17,7 +17,7 @@ from helpers.cli import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT))
 
 from bench import zoom_cost
-from models import architectures
+from families import published
 
 FPS = 2.0
 SIDE = 64  # 4x4 patches of 16 pixels, merged 2x2: 4 tokens per temporal patch of 2 frames
@@ -172,10 +172,10 @@ def test_the_real_width_build_path_runs_in_bfloat16(monkeypatch):
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
             "head_dim": 128,
-            "rope_parameters": architectures.QWEN3_VL_ROPE,
+            "rope_parameters": published.QWEN3_VL_ROPE,
         },
         "vision": {
-            **architectures.QWEN3_VL_VISION,
+            **published.QWEN3_VL_VISION,
             "depth": 2,
             "hidden_size": 64,
             "intermediate_size": 128,
@@ -184,7 +184,7 @@ def test_the_real_width_build_path_runs_in_bfloat16(monkeypatch):
         | {"deepstack_visual_indexes": [0, 1], "out_hidden_size": 160},
         "tie_word_embeddings": True,
     }
-    monkeypatch.setitem(architectures.QWEN3_VL_PUBLISHED, "mini", spec)
+    monkeypatch.setitem(published.QWEN3_VL_PUBLISHED, "mini", spec)
     mini = ("--model", "mini", "--dtype", "bfloat16", "--dense", "4", "--overview", "2", "--served", "2")
     report = zoom_cost.main(
         [*SETTINGS, *mini, "--completion", "64", "--request-tokens", "60", "--group", "2"]

@@ -10,8 +10,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from core.frame_requests import EpisodeFrames, FrameBudget, parse_request, plan_frames, request_body
 from core.qa import CATEGORIES, OPTION_LETTERS
+from core.tool_use.requests import EpisodeFrames, FrameBudget, parse_request, plan_frames, request_body
 from datamodules.video import decode_frames, decode_video, uniform_frame_indices
 from datatools.synthetic import format_timestamp
 from datatools.zoom_task import (

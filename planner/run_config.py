@@ -16,16 +16,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from core.frame_requests import FrameBudget
 from core.settings import settings_block
-from models.architectures import (
-    UnknownArchitecture,
-    architecture_from_config,
-    published_architecture,
-    published_names,
-)
-from parallel.memory_advice import combined_changes, suggestions
-from parallel.memory_plan import (
+from core.tool_use.requests import FrameBudget
+from families.published import UnknownArchitecture, published_names
+from planner.advice import combined_changes, suggestions
+from planner.architectures import architecture_from_config, published_architecture
+from planner.memory import (
     GIB,
     Architecture,
     Device,
@@ -44,52 +40,6 @@ ROLLOUT_CALLBACK = "callbacks.rl_rollout.RolloutCallback"
 VLLM_ENGINE = "rollout.vllm_engine.VLLMEngine"
 TRANSFORMERS_ENGINE = "rollout.hf_engine.TransformersEngine"
 
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "strategy": {
-        "sequence_parallel_size": 2,
-        "sequence_parallel_attention": "ulysses",
-        "sharding": "full",
-        "param_dtype": "bfloat16",
-        "reduce_dtype": "float32",
-        "cpu_offload": False,
-        "check_memory_plan": True,
-    },
-    "module": {
-        "dtype": "float32",
-        "freeze_vision": False,
-        "gradient_checkpointing": False,
-        "lora": None,
-        "max_new_tokens": 256,
-        "val_samples": 0,
-        "vision_patches_per_pass": None,
-    },
-    "grpo": {
-        "freeze_vision": True,
-        "micro_batch_rows": None,
-        "kl_coef": 0.0,
-        "share_prompt_prefix": True,
-        "reference_placement": "sharded",
-    },
-    "data": {
-        "num_frames": 64,
-        "max_pixels_per_frame": 128 * 28 * 28,
-        "batch_size": 4,
-        "max_prompt_tokens": 4096,
-        "max_target_tokens": 4096,
-    },
-    "rollout": {"num_generations": 8, "max_new_tokens": 256},
-    "engine": {
-        "dtype": "float32",
-        "max_model_len": None,
-        "max_num_seqs": 64,
-        "gpu_memory_utilization": 0.4,
-        "enable_sleep_mode": False,
-        "max_num_batched_tokens": None,
-    },
-}
-"""Defaults of the keys the planner reads, per class (strategy, VLMModule, GRPOModule's own,
-the DataModule, RolloutCallback, VLLMEngine)."""
-
 UNBOUNDED_TEXT_TOKENS = 1024
 """Text tokens assumed for a prompt when ``data.max_prompt_tokens`` is null (no bound)."""
 UNBOUNDED_TARGET_TOKENS = 4096
@@ -106,6 +56,30 @@ def _class_path(spec: Any) -> str:
 
 def _init_args(spec: Any) -> dict[str, Any]:
     return dict(spec.get("init_args") or {}) if isinstance(spec, dict) else {}
+
+
+class _Parsed(dict):  # type: ignore[type-arg]
+    """Init arguments of a parsed config: a key missing means the config was not parsed."""
+
+    def __init__(self, where: str, args: dict[str, Any]) -> None:
+        super().__init__(args)
+        self.where = where
+
+    def __missing__(self, key: str) -> Any:
+        raise PlanInputError(
+            f"{self.where} has no {key!r}: plan a config as LightningCLI parses it "
+            "(app.lightning_cli.parsed_fit_config), which fills in every class's defaults"
+        )
+
+
+def _engine_defaults() -> dict[str, Any]:
+    """``VLLMEngine``'s own defaults: a rollout callback without ``engine`` builds one so."""
+    import inspect
+
+    from rollout.vllm_engine import VLLMEngine
+
+    parameters = inspect.signature(VLLMEngine.__init__).parameters.values()
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 def _devices(value: Any) -> int | None:
@@ -129,7 +103,7 @@ def run_settings(
     """The :class:`RunSettings` of a ``lvrl fit`` config; ``gpus`` (per node) and ``nodes``
     override ``trainer.devices`` and ``trainer.num_nodes``, ``text_tokens`` the prompt's text
     bound (``data.max_prompt_tokens``)."""
-    trainer = config.get("trainer") or {}
+    trainer = _Parsed("trainer", config.get("trainer") or {})
     model, data = config.get("model") or {}, config.get("data") or {}
     devices = gpus if gpus is not None else _devices(trainer.get("devices"))
     if devices is None:
@@ -138,15 +112,15 @@ def run_settings(
         )
     num_nodes = nodes if nodes is not None else int(trainer.get("num_nodes") or 1)
     kind = "grpo" if _class_path(model).endswith("GRPOModule") else "sft"
-    module = {**DEFAULTS["module"], **(DEFAULTS["grpo"] if kind == "grpo" else {}), **_init_args(model)}
-    data_args = {**DEFAULTS["data"], **_init_args(data)}
+    module = _Parsed("model.init_args", _init_args(model))
+    data_args = _Parsed("data.init_args", _init_args(data))
     strategy = trainer.get("strategy")
     precision = str(trainer.get("precision") or "32-true")
     # "-true" precisions convert the module, master weights included; "-mixed" ones compute in half.
     half = "bfloat16" if precision.startswith("bf16") else "float16" if precision.startswith("16") else None
     master = half if half and precision.endswith("-true") else module["dtype"]
     if _class_path(strategy) == SEQUENCE_PARALLEL_STRATEGY:
-        args = {**DEFAULTS["strategy"], **_init_args(strategy)}
+        args = _Parsed("trainer.strategy.init_args", _init_args(strategy))
         layout = {
             "sequence_parallel_size": int(args["sequence_parallel_size"]),
             "sequence_parallel_attention": args["sequence_parallel_attention"],
@@ -159,9 +133,9 @@ def run_settings(
         compute = half or master
         layout = {"sharding": "replicated", "param_dtype": compute, "reduce_dtype": master}
     rollout = next((c for c in trainer.get("callbacks") or [] if _class_path(c) == ROLLOUT_CALLBACK), None)
-    rollout_args = {**DEFAULTS["rollout"], **_init_args(rollout)}
-    engine = _engine_settings(rollout_args.get("engine")) if kind == "grpo" else None
-    policy_generates = kind == "grpo" and _class_path(rollout_args.get("engine")) == TRANSFORMERS_ENGINE
+    rollout_args = _Parsed("the rollout callback's init_args", _init_args(rollout))
+    engine = _engine_settings(rollout_args["engine"]) if kind == "grpo" else None
+    policy_generates = kind == "grpo" and _class_path(rollout_args["engine"]) == TRANSFORMERS_ENGINE
     max_prompt = data_args["max_prompt_tokens"]
     text = text_tokens if text_tokens is not None else (max_prompt or UNBOUNDED_TEXT_TOKENS)
     if kind == "grpo":
@@ -170,7 +144,7 @@ def run_settings(
         completion = int(data_args["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS)
     size = layout.get("sequence_parallel_size", 1)
     # Frames on request: planned at the episode's budgets (every request made and served).
-    tools = settings_block(FrameBudget, rollout_args.get("tool_use"), "tool_use") if kind == "grpo" else None
+    tools = settings_block(FrameBudget, rollout_args["tool_use"], "tool_use") if kind == "grpo" else None
     tool_frames = (
         0 if tools is None else min(tools.frames_per_episode, tools.max_calls * tools.frames_per_call)
     )
@@ -197,14 +171,14 @@ def run_settings(
         lora_targets=() if lora is None else lora.target_modules,
         gradient_checkpointing=bool(module["gradient_checkpointing"]),
         reference=reference,
-        micro_batch_rows=module.get("micro_batch_rows"),
+        micro_batch_rows=module["micro_batch_rows"] if kind == "grpo" else None,
         batch_size=int(data_args["batch_size"]),
-        num_generations=int(rollout_args["num_generations"]),
+        num_generations=int(rollout_args["num_generations"]) if kind == "grpo" else 1,
         # Sequence-parallel ranks pack each prompt with its completions into one row
         # (parallel.packing); planned here as whole rows, an upper bound (the one-rank shared
         # pass model does not split tokens over ranks).
         shared_prompt_pass=kind == "grpo"
-        and bool(module.get("share_prompt_prefix"))
+        and bool(module["share_prompt_prefix"])
         and size == 1
         and not bool(module["gradient_checkpointing"]),
         # The sharded strategy keeps a frozen tower in the compute dtype (models.vlm_module.shard).
@@ -223,17 +197,17 @@ def _validation_settings(
     trainer: dict[str, Any], module: dict[str, Any], data: dict[str, Any]
 ) -> ValidationSettings | None:
     """The validation a fit makes between its steps; None without validation shards or batches."""
-    limit = trainer.get("limit_val_batches", 1.0)
-    if not data.get("val_shards") or limit in (0, 0.0):
+    limit = trainer["limit_val_batches"]
+    if not data["val_shards"] or limit in (0, 0.0):
         return None
-    frames = data.get("val_num_frames") or [data["num_frames"]]
+    frames = data["val_num_frames"] or [data["num_frames"]]
     return ValidationSettings(
-        batch_size=int(data.get("val_batch_size") or data["batch_size"]),
+        batch_size=int(data["val_batch_size"] or data["batch_size"]),
         num_frames=int(max(frames)),
         samples=int(module["val_samples"]),
         max_new_tokens=int(module["max_new_tokens"]),
         target_tokens=int(data["max_target_tokens"] or UNBOUNDED_TARGET_TOKENS),
-        sanity_check=trainer.get("num_sanity_val_steps", 2) != 0,  # Lightning's default: 2
+        sanity_check=trainer["num_sanity_val_steps"] != 0,
     )
 
 
@@ -242,7 +216,7 @@ def _engine_settings(spec: Any) -> EngineSettings | None:
     (the transformers engine generates with the policy itself)."""
     if spec is not None and _class_path(spec) != VLLM_ENGINE:
         return None
-    args = {**DEFAULTS["engine"], **_init_args(spec)}
+    args = _Parsed("the engine's init_args", _init_args(spec) if spec is not None else _engine_defaults())
     return EngineSettings(
         dtype=args["dtype"],
         gpu_memory_utilization=float(args["gpu_memory_utilization"]),
@@ -363,7 +337,7 @@ def check_enabled(config: dict[str, Any]) -> bool:
     strategy = (config.get("trainer") or {}).get("strategy")
     if _class_path(strategy) != SEQUENCE_PARALLEL_STRATEGY:
         return False
-    return bool({**DEFAULTS["strategy"], **_init_args(strategy)}["check_memory_plan"])
+    return bool(_Parsed("trainer.strategy.init_args", _init_args(strategy))["check_memory_plan"])
 
 
 def refusal(plan: MemoryPlan, device_name: str) -> str:

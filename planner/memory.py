@@ -81,7 +81,7 @@ ENGINE_LINE = "vLLM engine (reserved)"
 PIXEL_VALUES_PER_PATCH_BYTES = 4
 """The processor hands pixel values to the tower in float32."""
 TOOL_REPLY_TEXT_TOKENS = 128
-"""Text tokens of one frames-tool reply besides its video (``core.tool_reply``: the turn's markers,
+"""Text tokens of one frames-tool reply besides its video (``core.tool_use.reply``: the turn's markers,
 ``<tool_response>`` and a line such as ``frames 00:12.0-00:19.0, 8 frames, 1.00 s apart``), at
 most: a byte-level BPE tokenizer (Qwen's) writes no more tokens than the text has UTF-8 bytes
 (a special token such as ``<|im_start|>`` is one), and the longest served reply has fewer (a
@@ -276,7 +276,7 @@ class EngineSettings:
     """None: the run's longest row (what the engine derives, ``rollout.engine_limits``)."""
     max_num_seqs: int = 64
     batched_tokens: int | None = None
-    """``max_num_batched_tokens`` as the engine starts with it (``app.memory_check`` resolves it
+    """``max_num_batched_tokens`` as the engine starts with it (``planner.run_config`` resolves it
     from the data as the engine does); vLLM profiles a forward pass of that many tokens at start.
     None: :data:`ENGINE_BATCHED_TOKENS`, vLLM's default on an H100."""
     sleep_mode: bool = False
@@ -309,7 +309,7 @@ class ValidationSettings:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything of a run's config that decides its memory (read by ``app.memory_check``)."""
+    """Everything of a run's config that decides its memory (read by ``planner.run_config``)."""
 
     kind: Literal["grpo", "sft"]
     world_size: int

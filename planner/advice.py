@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from parallel.memory_plan import Architecture, MemoryPlan, RunSettings, ceil_fraction, plan_memory
+from planner.memory import Architecture, MemoryPlan, RunSettings, ceil_fraction, plan_memory
 
 MAX_ENGINE_SHARE = 0.95
 

@@ -95,7 +95,7 @@ class Episode:
     """Source frames the replies held, all together."""
     served_spans: list[tuple[float, float]] = field(default_factory=list)
     """The stretch of the video each served reply samples, in seconds, in order
-    (:attr:`core.frame_requests.FramePlan.span`)."""
+    (:attr:`core.tool_use.requests.FramePlan.span`)."""
     finish_reason: str = ""
     """How the last turn ended: ``stop`` (end of turn or a request) or ``length``."""
 

@@ -15,7 +15,7 @@ tool writes, in Qwen's tool-reply form::
 tokenises it and expands the video, as the collator does for the prompt, with the frames' source
 indices as metadata: Qwen3-VL's processor writes each frame's true time before it. The segment's
 ``second_per_grid`` is its frames' true interval times the temporal patch size, so its temporal
-positions advance with real time (:mod:`core.episode`).
+positions advance with real time (:mod:`core.tool_use.episode`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from core.episode import ToolReply
-from core.frame_requests import RESPONSE_CLOSE, RESPONSE_OPEN, FramePlan
+from core.tool_use.episode import ToolReply
+from core.tool_use.requests import RESPONSE_CLOSE, RESPONSE_OPEN, FramePlan
 from core.video import VideoEmbedding
 
 VIDEO_PART = "<|vision_start|><|video_pad|><|vision_end|>"

@@ -1,0 +1,3 @@
+"""Frames on request, the vocabulary every layer shares: the model's request and its checks
+(:mod:`core.tool_use.requests`), the episode of turns and replies (:mod:`core.tool_use.episode`)
+and the tool's reply as a user turn holding a video segment (:mod:`core.tool_use.reply`)."""
