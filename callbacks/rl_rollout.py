@@ -2,8 +2,8 @@
 
 Before each training step it asks its :class:`~rollout.worker.RolloutWorker` for the step's
 scored rollouts (videos encoded once, G completions per prompt from the engine, rewards,
-advantages), which the worker hands to the module (a
-:class:`~rollout.experience.RolloutConsumer`); after the optimizer step the worker streams the
+advantages), which the worker hands over in the step's training batch, for the module (a
+:class:`~rollout.experience.RolloutConsumer`) to learn from; after the optimizer step the worker streams the
 trainable weights into the engine in bounded buckets (:mod:`rollout.weight_sync`). The engine is
 kept answering by :class:`~rollout.supervision.EngineSupervisor`. The callback checks the setup
 against the trainer and the data, logs, and writes samples; the worker, which tests drive
