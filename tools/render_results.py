@@ -42,6 +42,32 @@ def demo_block(root: Path) -> str:
     )
 
 
+DEMO_OVERALL = re.compile(r"\| \*\*overall\*\* \| ([0-9.]+)% \| ([0-9.]+)% \|")
+DEMO_TEST = re.compile(r"same 400 questions: ([+-][0-9.]+)% \([^)]*\); exact McNemar (p [<=] [0-9.e-]+)")
+
+
+def demo_runs_block(root: Path) -> str:
+    """Every saved `make demo` run side by side (bench/results/demo/ and its folders): the spread
+    of one command's table, run to run."""
+    folder = root / "bench" / "results" / "demo"
+    rows = [
+        "| run (`bench/results/demo/`) | commit | conditions | after SFT | after GRPO | GRPO gain |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for run_file in [folder / "run.json", *sorted(folder.glob("*/run.json"))]:
+        run = json.loads(run_file.read_text())
+        table = (run_file.parent / run["table"]).read_text()
+        sft, grpo = (float(x) for x in DEMO_OVERALL.search(table).groups())  # type: ignore[union-attr]
+        test = DEMO_TEST.search(table)
+        name = "(the table above)" if run_file.parent == folder else f"`{run_file.parent.name}/`"
+        conditions = run["load"].split(":")[0]
+        rows.append(
+            f"| {name} | {run['commit']} | {conditions} | {sft:.1f}% | {grpo:.1f}% | "
+            + (f"{test.group(1)} points ({test.group(2)}) |" if test else f"{grpo - sft:+.1f} points |")
+        )
+    return "\n".join(rows)
+
+
 def real_vocab_block(root: Path) -> str:
     """What Qwen's vocabulary costs a tiny GRPO step (bench/real_vocab_step.py), per shape run."""
     rows = [
@@ -406,6 +432,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "plan_configs": plan_configs_block,
     "plan_check": plan_check_block,
     "demo": demo_block,
+    "demo_runs": demo_runs_block,
     "real_vocab": real_vocab_block,
     "suite": suite_block,
 }
