@@ -95,7 +95,9 @@ class ResidentMeter:
 
 
 def ring_check(args: argparse.Namespace, device: torch.device, meter: Any) -> dict[str, Any]:
-    """One rank's ring attention at the config's size, forward and backward, peak above the inputs."""
+    """One rank's ring attention at the config's size, forward and backward, peak above the inputs,
+    at the query chunk lvrl uses and at twice it: the difference is the score chunks alive at the
+    peak, the rest the slice-sized float32 copies (the two unknowns the planner counts)."""
     import torch.distributed as dist
 
     import parallel.ring as ring
@@ -104,26 +106,40 @@ def ring_check(args: argparse.Namespace, device: torch.device, meter: Any) -> di
     heads, head_dim, slice_tokens = (28, 128, 33_408) if not args.cpu_dry_run else (4, 32, 4_096)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     shard = SequenceShard(group=dist.group.WORLD, attention="ring")
-    passes = ring._pass_on
+    passes, schedule, query_chunk = ring._pass_on, ring.ring_schedule, ring.QUERY_CHUNK
     ring._pass_on = lambda tensors, shard: tensors  # a ring of one: no block travels
+    # The planner's figure is the largest product any ring step computes: a rank's second chunk
+    # against a whole later block (zigzag). A ring of one only scores its own block, whose
+    # products are half as wide, so the check runs that one step instead.
+    half, everything = slice(slice_tokens // 2, slice_tokens), slice(0, slice_tokens)
+    ring.ring_schedule = lambda *_: [[ring.Block(half, everything, causal=False)]]
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    def tensor(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator, device=device, dtype=dtype)
+
+    query, key, value = (tensor(1, heads, slice_tokens, head_dim).requires_grad_() for _ in range(3))
+    grad_out = tensor(1, slice_tokens, heads, head_dim)
+    peaks: dict[int, dict[str, int]] = {}
     try:
-        generator = torch.Generator(device=device).manual_seed(0)
-
-        def tensor() -> torch.Tensor:
-            shape = (1, heads, slice_tokens, head_dim)
-            return torch.randn(shape, generator=generator, device=device, dtype=dtype).requires_grad_()
-
-        query, key, value = tensor(), tensor(), tensor()
-        grad_out = torch.randn(
-            1, slice_tokens, heads, head_dim, generator=generator, device=device, dtype=dtype
-        )
-        meter.reset()
-        start = meter.now()
-        out = ring.ring_attention(query, key, value, shard, head_dim**-0.5)
-        out.backward(grad_out)
-        measured = meter.peak() - start
+        for chunk in (query_chunk, 2 * query_chunk):
+            ring.QUERY_CHUNK = chunk
+            meter.reset()
+            start = meter.now()
+            out = ring.ring_attention(query, key, value, shard, head_dim**-0.5)
+            forward = meter.peak() - start
+            meter.reset()
+            out.backward(grad_out)
+            peaks[chunk] = {"forward": forward, "backward": meter.peak() - start}
+            query.grad = key.grad = value.grad = None
+            del out
     finally:
-        ring._pass_on = passes
+        ring._pass_on, ring.ring_schedule, ring.QUERY_CHUNK = passes, schedule, query_chunk
+    measured = max(peaks[query_chunk].values())
+    chunk_bytes = 4 * heads * query_chunk * slice_tokens  # float32 scores, one query chunk x the block
+    copy_bytes = 4 * heads * head_dim * slice_tokens  # one float32 tensor the slice's size
+    doubled = max(peaks[2 * query_chunk].values())
+    chunks_alive = (doubled - measured) / chunk_bytes
     text = TextModel(heads * head_dim, 1, heads, heads, head_dim, 1, 1, False)
     settings = RunSettings(
         kind="grpo",
@@ -142,6 +158,10 @@ def ring_check(args: argparse.Namespace, device: torch.device, meter: Any) -> di
         "heads": heads,
         "head_dim": head_dim,
         "dtype": str(dtype),
+        "query_chunk": query_chunk,
+        "peaks": {str(chunk): peak for chunk, peak in peaks.items()},
+        "score_chunks_alive": round(chunks_alive, 3),
+        "slice_copies_alive": round((measured - chunks_alive * chunk_bytes) / copy_bytes, 3),
         "predicted": predicted,
         "measured": measured,
         "error": predicted / measured - 1,
@@ -231,7 +251,8 @@ def main() -> None:
         print(
             f"ring attention, one rank at {ring['slice_tokens']:,} positions: predicted "
             f"{ring['predicted'] / 2**30:.2f} GiB, measured {ring['measured'] / 2**30:.2f} GiB "
-            f"({ring['error']:+.1%})",
+            f"({ring['error']:+.1%}); at the peak {ring['score_chunks_alive']:.2f} score chunks and "
+            f"{ring['slice_copies_alive']:.2f} float32 copies of the slice",
             flush=True,
         )
         grpo = grpo_check(args, device, meter)
