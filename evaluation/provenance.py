@@ -17,9 +17,18 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+SOURCE_COMMIT_VARIABLE = "LVRL_SOURCE_COMMIT"
+"""Names the commit of a copied tree whose git metadata is not its own (a remote GPU machine that
+receives the working tree beside an older ``.git``): stated by whoever made the copy."""
+
+
 def commit(root: Path = REPO_ROOT) -> str:
     """The checked-out commit, ``+changes`` when tracked files differ from it; ``unknown``
-    outside a git checkout. (Untracked files, such as a run's own results, do not count.)"""
+    outside a git checkout. (Untracked files, such as a run's own results, do not count.)
+    :data:`SOURCE_COMMIT_VARIABLE`, when set, is taken instead, marked as stated."""
+    stated = os.environ.get(SOURCE_COMMIT_VARIABLE)
+    if stated:
+        return f"{stated} (stated by {SOURCE_COMMIT_VARIABLE})"
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True

@@ -580,25 +580,34 @@ def decoder_layer_backward_bytes(text: TextModel, compute_bytes: int) -> int:
 RING_SCORE_CHUNKS = 2
 """Float32 score chunks ring attention holds at once: its backward turns the scores into the
 probabilities and their gradient into the scores' gradient in place (``parallel.ring``).
-``bench/ring_memory.py`` measures 2.58 chunks alive in backward (2.29 in forward) at 16,384
-positions over 2 ranks, the rest being the float32 copies counted beside them; 6.58 before the
-chunks were reused in place (``bench/results/ring_memory/``)."""
+Measured on an H200 (``bench/gpu_check.py``, ``bench/results/gpu_check/``): 1.98 at the peak, by
+the difference between query chunks of 1,024 and 2,048; 6.58 before the chunks were reused in
+place (``bench/results/ring_memory/``, on the CPU)."""
+RING_SLICE_COPIES = 9
+"""Float32 tensors the size of a rank's slice alive beside the score chunks in ring attention's
+backward: the queries, keys, values, output gradient and saved output upcast (5) and the three
+gradients (3), plus the products' transients, measured as under one more (8.5 to 8.8 slice copies on
+an H200, ``bench/results/gpu_check/``)."""
+RING_PASS_COPIES = 12
+"""Slice-sized float32 tensors at a backward ring hop, when no score chunk is alive: the eight
+named above and the received keys, values and their two gradient accumulators."""
 
 
 def ring_transient_bytes(text: TextModel, run: RunSettings, rows: int, layer_tokens: int) -> int:
-    """Ring attention's working set in one layer: float32 copies of queries, keys, values and
-    output, the key/value block in flight, and :data:`RING_SCORE_CHUNKS` score chunks of the
-    largest product a rank computes, per head and row. In the zigzag layout (``parallel.ring``)
-    that is up to ``RING_QUERY_CHUNK`` of its positions against half a block (a block wholly in
-    its past) or its second half against a whole block (one wholly between its two halves)."""
+    """Ring attention's working set in one layer (its backward, the larger phase): slice-sized
+    float32 tensors and :data:`RING_SCORE_CHUNKS` score chunks of the largest product a rank
+    computes, per head and row, or the tensors of a ring hop, whichever is larger. In the zigzag
+    layout (``parallel.ring``) the largest product is up to ``RING_QUERY_CHUNK`` of its positions
+    against half a block (a block wholly in its past) or its second half against a whole block
+    (one wholly between its two halves)."""
     if run.sequence_parallel_size == 1 or run.sequence_parallel_attention != "ring":
         return 0
     per_row = layer_tokens // max(rows, 1)
     half = per_row // 2
     entries = max(min(RING_QUERY_CHUNK, per_row) * half, min(RING_QUERY_CHUNK, half) * per_row)
-    copies = 4 * 6 * text.q_dim * layer_tokens
+    copy = 4 * text.q_dim * layer_tokens
     scores = RING_SCORE_CHUNKS * 4 * rows * text.num_heads * entries
-    return copies + scores
+    return max(RING_SLICE_COPIES * copy + scores, RING_PASS_COPIES * copy)
 
 
 def logit_bytes_per_position(text: TextModel, compute_bytes: int) -> int:

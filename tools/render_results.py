@@ -68,6 +68,37 @@ def demo_runs_block(root: Path) -> str:
     return "\n".join(rows)
 
 
+def gpu_check_block(root: Path) -> str:
+    """The planner against a real GPU: bench/gpu_check.py's ring attention and GRPO step."""
+    report = json.loads((root / "bench" / "results" / "gpu_check" / "gpu_check.json").read_text())
+    ring, step = report["ring"], report["grpo_step"]
+
+    def row(check: str, part: dict) -> str:
+        planned, measured = part["predicted"] / 2**30, part["measured"] / 2**30
+        return f"| {check} | {planned:.2f} GiB | {measured:.2f} GiB | {part['error']:+.1%} |"
+
+    dtype = ring["dtype"].removeprefix("torch.")
+    return "\n".join(
+        [
+            f"Measured with `{report['command']}` (commit {report['commit']}, {report['date']}, one "
+            f"{report['machine']['gpu']}; `bench/results/gpu_check/`):",
+            "",
+            "| check | planned | measured (`max_memory_allocated`) | error |",
+            "|---|---:|---:|---:|",
+            row(
+                f"ring attention, one rank's slice of {ring['slice_tokens']:,} positions, "
+                f"{ring['heads']} heads of {ring['head_dim']}, {dtype}, forward and backward",
+                ring,
+            ),
+            row(f"GRPO step at the 7B widths, {step['layers']} layers, {step['frames']} frames", step),
+            "",
+            f"At ring attention's peak: {ring['score_chunks_alive']:.2f} float32 score chunks (query "
+            f"chunks of {ring['query_chunk']:,} and {2 * ring['query_chunk']:,} differ by that many) "
+            f"and {ring['slice_copies_alive']:.2f} float32 tensors the slice's size.",
+        ]
+    )
+
+
 def real_vocab_block(root: Path) -> str:
     """What Qwen's vocabulary costs a tiny GRPO step (bench/real_vocab_step.py), per shape run."""
     rows = [
@@ -431,6 +462,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "data_pipeline": data_pipeline_block,
     "plan_configs": plan_configs_block,
     "plan_check": plan_check_block,
+    "gpu_check": gpu_check_block,
     "demo": demo_block,
     "demo_runs": demo_runs_block,
     "real_vocab": real_vocab_block,
