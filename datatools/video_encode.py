@@ -36,7 +36,10 @@ def encode_video(frames: np.ndarray, fps: float, extension: str = "mp4", codec: 
         stream.codec_context.thread_count = 1
         if codec == "libx264":
             # Near-lossless and fast: the synthetic task's colours must survive compression.
-            stream.options = {"crf": "10", "preset": "veryfast"}
+            # Without the macroblock-tree rate control: with it, the same frames encoded to
+            # different bytes from one encode to the next, one thread or not (a demo sample gave
+            # two encodings in twelve; tests/unit/test_synthetic.py), so two data builds differed.
+            stream.options = {"crf": "10", "preset": "veryfast", "x264-params": "mbtree=0"}
         for frame in frames:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
