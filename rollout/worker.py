@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -141,15 +141,13 @@ class RolloutWorker:
     def score(self, prompts: PromptBatch, round_index: int = 0) -> RolloutBatch:
         """One round of the step: encode, generate (or play episodes), reward, advantages and
         the scoring rows of ``prompts``."""
-        shard = self.module.sequence_shard
         return collect_rollouts(
             prompts,
             self.encode,
             self.generate,
             self.settings,
             step=self.step,
-            pad_token_id=self.module.processor.tokenizer.pad_token_id,
-            length_multiple=shard.length_multiple if shard is not None else 1,
+            **self._row_layout(),
             round_index=round_index,
             forbidden_token_ids=self.forbidden_token_ids,
             episodes=self.play_episodes if self.tool is not None else None,
@@ -167,15 +165,8 @@ class RolloutWorker:
         if self.dynamic_sampling is None:
             rollouts = self.score(prompts)
             return rollouts, [rollouts], None
-        shard = self.module.sequence_shard
         return sample_until_informative(
-            prompts,
-            self.score,
-            draw,
-            self.dynamic_sampling,
-            everywhere=everywhere,
-            pad_token_id=self.module.processor.tokenizer.pad_token_id,
-            length_multiple=shard.length_multiple if shard is not None else 1,
+            prompts, self.score, draw, self.dynamic_sampling, everywhere=everywhere, **self._row_layout()
         )
 
     def hand_over(self, rollouts: RolloutBatch, batch: dict[str, Any]) -> None:
@@ -185,16 +176,22 @@ class RolloutWorker:
         self.engine.sleep()
         batch[self.module.EXPERIENCE] = rollouts
 
+    def _row_layout(self) -> dict[str, int]:
+        """How scoring rows are laid out: the tokenizer's padding id, and lengths a multiple of
+        the sequence-parallel size (1 without a group)."""
+        shard = self.module.sequence_shard
+        return {
+            "pad_token_id": self.module.processor.tokenizer.pad_token_id,
+            "length_multiple": shard.length_multiple if shard is not None else 1,
+        }
+
     def _on_engine(self, work: Callable[[RolloutEngine], T]) -> T:
-        """``work(engine)`` under the supervisor; an engine sampling with the live policy decodes
-        different lengths on each rank, so a sharded policy is gathered whole for it (no
-        collective inside)."""
+        """``work(engine)`` under the supervisor."""
+        return self.supervisor.run(lambda engine: self._live(engine, work), self.step)
 
-        def live(engine: RolloutEngine) -> AbstractContextManager[Any]:
-            return self.module.gathered_model() if not engine.needs_weight_sync else nullcontext()
-
-        def supervised(engine: RolloutEngine) -> T:
-            with live(engine):
-                return work(engine)
-
-        return self.supervisor.run(supervised, self.step)
+    def _live(self, engine: RolloutEngine, work: Callable[[RolloutEngine], T]) -> T:
+        # An engine sampling with the live policy decodes different lengths on each rank, so a
+        # sharded policy is gathered whole for it (no collective inside).
+        live = self.module.gathered_model() if not engine.needs_weight_sync else nullcontext()
+        with live:
+            return work(engine)
