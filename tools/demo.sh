@@ -10,6 +10,8 @@
 #   DEMO_EVAL_BATCHES                held-out batches of each evaluation (of the configs'
 #                                    val_batch_size questions; default: every question)
 #   DEMO_EVAL_SAMPLES                answers sampled per question at temperature 1 (default 8)
+#   DEMO_DATA_SAMPLES                synthetic questions built per split, when the data is
+#                                    built here (default: lvrl data synth's 2,000 / 200 / 200)
 # and LVRL the lvrl executable (default .venv/bin/lvrl), DATA_DIR the synthetic data's folder.
 set -euo pipefail
 run_dir=${1:-runs/demo}
@@ -32,7 +34,12 @@ stage_size() {
 }
 
 if [ ! -f "$data_dir/dataset.json" ]; then
-  "$lvrl" data synth --out "$data_dir"
+  # shellcheck disable=SC2046 # the counts are separate words on purpose
+  "$lvrl" data synth --out "$data_dir" $(
+    if [ -n "${DEMO_DATA_SAMPLES:-}" ]; then
+      echo --num-train "$DEMO_DATA_SAMPLES" --num-val "$DEMO_DATA_SAMPLES" --num-test "$DEMO_DATA_SAMPLES"
+    fi
+  )
 fi
 if [ ! -f "$run_dir/model-small/config.json" ]; then
   "$lvrl" model build --family "${FAMILY:-qwen2_5_vl}" --preset small --out "$run_dir/model-small" \
