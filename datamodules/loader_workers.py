@@ -22,18 +22,23 @@ A worker must stop when, and only when, the trainer that reads from it ends it:
   switch is set when a pass ends (read to its end, closed, or its loader torn down) and, for
   every pass still running, at interpreter exit just before multiprocessing's own clean-up.
 
-A trainer that dies without any clean-up (SIGKILL) is noticed by torch's worker watchdog,
-which ends the worker within ``MP_STATUS_CHECK_INTERVAL`` (5 s) of its next idle moment.
+A trainer that dies without any clean-up (SIGKILL) ends its workers at once: each watches its
+trainer's sentinel (``multiprocessing.parent_process()``) on a thread. Torch's own watchdog
+cannot be relied on for that: it watches the worker's parent process, which for a worker of a
+fork server (:mod:`datamodules.fork_server`) is the server, and the server lives as long as any
+of its workers does (each holds the server's keep-alive pipe).
 """
 
 from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.util  # registers its exit clean-up first, so that ours runs before it
 import os
 import signal
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -97,10 +102,20 @@ def serve_until_ended(flag: Any, chained: Callable[[int], None] | None, worker_i
         received.append(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    trainer = multiprocessing.parent_process()
+    if trainer is not None:
+        threading.Thread(target=_end_with, args=(trainer,), name="trainer-watch", daemon=True).start()
     # Registered before the user's function, so that its own exit handlers run first.
     atexit.register(leave_without_native_clean_up, flag)
     if chained is not None:
         chained(worker_id)
+
+
+def _end_with(trainer: multiprocessing.process.BaseProcess) -> None:
+    """Wait for the trainer's sentinel (ready once the trainer process is gone, however it ended),
+    then end this worker: nothing it holds has a reader any more."""
+    multiprocessing.connection.wait([trainer.sentinel])
+    os._exit(0)
 
 
 def leave_without_native_clean_up(flag: Any) -> None:

@@ -1,13 +1,14 @@
 """Every ``lvrl`` command ends when its work ends, and takes every process it started with it.
 
 Each entry point runs as a real command in a session of its own, with the processes the
-configs give it (one dataloader worker started by ``spawn``, the in-process vLLM engine, two
+configs give it (one dataloader worker forked by its fork server, the in-process vLLM engine, two
 rendering or probing processes for the data tools, two ranks under torchrun): to its natural end,
 and stopped mid-step by a SIGTERM to its process group (a scheduler, ``timeout``,
 ``kill -- -PGID``) and by a Ctrl-C (SIGINT to the foreground group, as a terminal sends it). The
 trainer stops at the end of the step with a checkpoint, the data tools at once; either exits
 with status 143 and a line saying so, without a traceback (under torchrun, both ranks do, and
-torchrun reports the signal with its own status, 1).
+torchrun reports the signal with its own status, 1). A trainer killed outright (SIGKILL) runs no
+clean-up at all: its workers and their fork server must still end with it.
 
 Bounds (a hang is infinite, so they only decide how soon it is reported): the command exits
 within ``EXIT_WITHIN`` s of the signal: finishing a step of the tiny model, writing a checkpoint
@@ -35,16 +36,18 @@ TREE_WITHIN = 15.0
 STOPPED_BY_SIGNAL = 143  # app.lightning_cli.STOPPED_BY_SIGNAL_EXIT_CODE
 TORCHRUN_SIGNALLED = 1  # torchrun's own status when a signal stops it (SignalException)
 
-NATURAL, TERM_GROUP, TERM_TRAINER, CTRL_C = (
+NATURAL, TERM_GROUP, TERM_TRAINER, CTRL_C, KILL_TRAINER = (
     "natural end",
     "SIGTERM to the group",
     "SIGTERM to the trainer",
     "Ctrl-C",
+    "SIGKILL to the trainer",
 )
 SIGNALS = {
     TERM_GROUP: (signal.SIGTERM, True),
     TERM_TRAINER: (signal.SIGTERM, False),
     CTRL_C: (signal.SIGINT, True),
+    KILL_TRAINER: (signal.SIGKILL, False),
 }
 
 ENV = {**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV}
@@ -110,7 +113,7 @@ def assert_stopped_with_a_checkpoint(ended: EndedCommand, run_dir: Path) -> None
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-@pytest.mark.parametrize("scenario", [NATURAL, TERM_GROUP, TERM_TRAINER, CTRL_C])
+@pytest.mark.parametrize("scenario", [NATURAL, TERM_GROUP, TERM_TRAINER, CTRL_C, KILL_TRAINER])
 def test_lvrl_fit_sft(scenario: str, tmp_path: Path, synth_dir: Path, tiny_model_dir: Path) -> None:
     cue = None if scenario == NATURAL else tmp_path / "cue"
     config = trainer_config("configs/demo/sft.yaml", tmp_path, synth_dir, tiny_model_dir, cue)
@@ -118,6 +121,8 @@ def test_lvrl_fit_sft(scenario: str, tmp_path: Path, synth_dir: Path, tiny_model
     if scenario == NATURAL:
         assert ended.returncode == 0, ended.tail()
         assert (tmp_path / "run" / "hf" / "config.json").is_file()
+    elif scenario == KILL_TRAINER:
+        assert ended.returncode == -signal.SIGKILL, ended.tail()  # the tree's end is checked by run()
     else:
         assert_stopped_with_a_checkpoint(ended, tmp_path / "run")
 
