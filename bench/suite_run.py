@@ -1,0 +1,97 @@
+"""CI's script on a fresh clone, as CI runs it, with its record: the suite's figures in the docs
+(docs/testing.md) come from the ``ci.json`` this writes.
+
+Clones the repository at a commit into ``--work`` and runs ``.ci/run`` there (``make test``:
+the virtual environment's set-up, ruff, then pytest), timed, the load sampled every 30 s, with
+per-test durations (``--junitxml``); then waits 20 s and lists every process whose command line
+still names the clone. Writes to ``--out``: ``ci.json`` (command, commit, machine, date,
+conditions, passed, skipped, failed, pytest's and the whole script's seconds, what was left
+behind), ``junit.xml`` and the log.
+
+Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--commit REV]
+       [--threads 1] [--beside-other-work]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
+
+from fresh_clone import LoadSampler, clean_environment, fresh_clone, left_behind, machine, timed  # noqa: E402
+
+PYTEST_SUMMARY = re.compile(
+    r"^=* ?((?:\d+ \w+(?:, )?)+) in ([0-9.]+)s(?: \([0-9:]+\))?(?: =+)?\s*$", re.MULTILINE
+)
+"""pytest's closing line, with rules (``=== 3 passed in 1.2s ===``) or without (``-q``)."""
+
+
+def counts(summary: str) -> dict[str, int]:
+    """``{"passed": n, "skipped": n, "failed": n, "errors": n}`` from pytest's last line
+    ("1130 passed, 2 skipped", "1 failed, 3 errors"); absent words count 0."""
+    found = {word.rstrip("s"): int(number) for number, word in re.findall(r"(\d+) (\w+)", summary)}
+    return {
+        "passed": found.get("passed", 0),
+        "skipped": found.get("skipped", 0),
+        "failed": found.get("failed", 0),
+        "errors": found.get("error", 0),
+    }
+
+
+def main() -> None:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
+    parser.add_argument("--work", type=Path, required=True, help="folder for the clone (emptied first)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for ci.json, junit.xml and the log")
+    parser.add_argument("--commit", default="HEAD", help="the commit to clone (default: HEAD)")
+    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the run")
+    parser.add_argument("--beside-other-work", action="store_true", help="say the machine was shared")
+    args = parser.parse_args()
+
+    commit, clone = fresh_clone(args.commit, args.work)
+    args.out.mkdir(parents=True, exist_ok=True)
+    junit = args.out.resolve() / "junit.xml"
+    extra = {"PYTEST_ADDOPTS": f"--junitxml={junit}"}
+    if args.threads is not None:
+        extra["OMP_NUM_THREADS"] = str(args.threads)
+    print(f"suite_run: {commit} in {clone}", flush=True)
+    with LoadSampler() as load:
+        status, seconds = timed(
+            [".ci/run"], clone, args.out / "ci.log", clean_environment(**extra), check=False
+        )
+    after = left_behind(clone)
+    log = (args.out / "ci.log").read_text()
+    summaries = PYTEST_SUMMARY.findall(log)
+    if not summaries:
+        raise SystemExit(f".ci/run printed no pytest summary (status {status}): see {args.out / 'ci.log'}")
+    summary, pytest_seconds = summaries[-1]
+    tests = ElementTree.parse(junit).getroot().iter("testcase") if junit.exists() else iter(())
+    conditions = [f"OMP_NUM_THREADS={args.threads}" if args.threads is not None else "default threads"]
+    conditions.append(load.describe(".ci/run", alone=not args.beside_other_work))
+    record = {
+        "command": "python " + " ".join(["bench/suite_run.py", *sys.argv[1:]]) + "  (git clone; .ci/run)",
+        "commit": commit,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "conditions": "; ".join(conditions),
+        "status": status,
+        **counts(summary),
+        "pytest_seconds": round(float(pytest_seconds)),
+        "total_seconds": seconds,
+        "worker_seconds": round(sum(float(case.get("time", 0)) for case in tests)),
+        "left_behind": after,
+    }
+    (args.out / "ci.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The fresh-clone recorders (``bench/suite_run.py``, ``bench/demo_run.py``) read their figures
+from what the commands printed: pytest's summary line and the demo's closing line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import demo_run, fresh_clone, suite_run
+
+
+def test_pytest_summaries_are_read_whatever_they_hold() -> None:
+    log = "....\n===== 1130 passed, 2 skipped, 3 warnings in 743.21s (0:12:23) =====\n"
+    ((summary, seconds),) = suite_run.PYTEST_SUMMARY.findall(log)
+    assert seconds == "743.21"
+    assert suite_run.counts(summary) == {"passed": 1130, "skipped": 2, "failed": 0, "errors": 0}
+    assert suite_run.counts("1 failed, 1128 passed, 1 error") == {
+        "passed": 1128,
+        "skipped": 0,
+        "failed": 1,
+        "errors": 1,
+    }
+    assert suite_run.counts("3 errors") == {"passed": 0, "skipped": 0, "failed": 0, "errors": 3}
+    assert suite_run.PYTEST_SUMMARY.findall("..   [100%]\n1130 passed, 2 skipped in 743.21s (0:12:23)\n") == [
+        ("1130 passed, 2 skipped", "743.21")
+    ]  # -q's line has no rules
+    assert not suite_run.PYTEST_SUMMARY.findall("reading the 12 shards in 3.5s\n")
+
+
+def test_the_demo_s_closing_line_gives_its_parts() -> None:
+    line = "demo finished in 1011 s (SFT + eval 267 s, GRPO + eval 744 s)"
+    assert demo_run.FINISHED.search(f"...\n{line}\n").groups() == ("1011", "267", "744")
+
+
+def test_a_clone_with_nothing_left_running_says_so(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(fresh_clone, "SETTLE_SECONDS", 0)
+    assert fresh_clone.left_behind(tmp_path / "never-run") == (
+        "no process of the clone alive 0 s after it ended (ps)"
+    )
