@@ -13,7 +13,6 @@ Usage: python bench/demo_run.py --work /tmp/demo --out bench/results/demo/NAME [
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -25,19 +24,22 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
 
-from fresh_clone import LoadSampler, clean_environment, fresh_clone, left_behind, machine, timed  # noqa: E402
+from fresh_clone import (  # noqa: E402
+    LoadSampler,
+    clean_environment,
+    fresh_clone,
+    left_behind,
+    machine,
+    recorder_arguments,
+    timed,
+)
 
 FINISHED = re.compile(r"demo finished in (\d+) s \(SFT \+ eval (\d+) s, GRPO \+ eval (\d+) s\)")
 
 
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--work", type=Path, required=True, help="folder for the clone (emptied first)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for run.json and the table")
-    parser.add_argument("--commit", default="HEAD", help="the commit to clone (default: HEAD)")
+    parser = recorder_arguments(__doc__, "run.json and the table")
     parser.add_argument("--family", default=None, help="FAMILY for make demo (default: the demo's own)")
-    parser.add_argument("--beside-other-work", action="store_true", help="say the machine was shared")
     args = parser.parse_args()
 
     commit, clone = fresh_clone(args.commit, args.work)

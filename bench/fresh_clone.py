@@ -4,6 +4,7 @@ output to a log, and the processes of the clone still alive after it."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -17,6 +18,17 @@ from evaluation.provenance import REPO_ROOT, cpu_model
 SETTLE_SECONDS = 20
 """Wait after a command before looking for its processes: torch joins loader workers for up to
 5 s and the resource tracker ends after its last user."""
+
+
+def recorder_arguments(doc: str, writes: str) -> argparse.ArgumentParser:
+    """A recorder's command line: ``--work`` (the clone's folder), ``--out`` (for ``writes``),
+    ``--commit`` and ``--beside-other-work``; the recorder adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="folder for the clone (emptied first)")
+    parser.add_argument("--out", type=Path, required=True, help=f"folder for {writes}")
+    parser.add_argument("--commit", default="HEAD", help="the commit to clone (default: HEAD)")
+    parser.add_argument("--beside-other-work", action="store_true", help="say the machine was shared")
+    return parser
 
 
 def fresh_clone(commit: str, work: Path) -> tuple[str, Path]:

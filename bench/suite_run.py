@@ -14,7 +14,6 @@ Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--com
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -26,7 +25,15 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
 
-from fresh_clone import LoadSampler, clean_environment, fresh_clone, left_behind, machine, timed  # noqa: E402
+from fresh_clone import (  # noqa: E402
+    LoadSampler,
+    clean_environment,
+    fresh_clone,
+    left_behind,
+    machine,
+    recorder_arguments,
+    timed,
+)
 
 PYTEST_SUMMARY = re.compile(
     r"^=* ?((?:\d+ \w+(?:, )?)+) in ([0-9.]+)s(?: \([0-9:]+\))?(?: =+)?\s*$", re.MULTILINE
@@ -47,13 +54,8 @@ def counts(summary: str) -> dict[str, int]:
 
 
 def main() -> None:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
-    parser.add_argument("--work", type=Path, required=True, help="folder for the clone (emptied first)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for ci.json, junit.xml and the log")
-    parser.add_argument("--commit", default="HEAD", help="the commit to clone (default: HEAD)")
+    parser = recorder_arguments(__doc__, "ci.json, junit.xml and the log")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the run")
-    parser.add_argument("--beside-other-work", action="store_true", help="say the machine was shared")
     args = parser.parse_args()
 
     commit, clone = fresh_clone(args.commit, args.work)
