@@ -133,8 +133,11 @@ def suite_block(root: Path) -> str:
     """The suite's count and time from CI's script on a fresh clone (bench/results/suite)."""
     run = json.loads((root / "bench" / "results" / "suite" / "ci.json").read_text())
     machine = run["machine"]
+    workers = ""
+    if "worker_seconds" in run:
+        workers = f", {run['worker_seconds']:,} worker-seconds over both workers"
     return (
-        f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s, "
+        f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s{workers}, "
         f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
         f"{run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, {run['conditions']})."
     )
