@@ -1,12 +1,12 @@
 """Dataloader workers forked from a fork server that has already imported what they run.
 
 A spawned worker starts a fresh interpreter and imports torch, transformers and the model
-family's processor before its first batch: about 3 s on 2 cores, paid again by every loader
+family's processor before its first batch (seconds on 2 cores), paid again by every loader
 (training, each validation pass). With ``worker_start_method: forkserver``, multiprocessing
 starts one server process per trainer, which imports this module (:func:`worker_context` asks
-for it), and every worker is a fork of that server: a worker starts in a fraction of a second,
-and none inherits the trainer's threads (the reason not to ``fork`` the trainer itself: a fork
-of a process whose OpenMP threads an in-process vLLM engine has bound deadlocks).
+for it), and every worker is a fork of that server, with those imports already done, and
+none inherits the trainer's threads (the reason not to ``fork`` the trainer itself: a fork of a
+process whose OpenMP threads an in-process vLLM engine has bound deadlocks).
 
 Signals (see :mod:`datamodules.loader_workers` for the workers'): the server is in the job's
 process group, so a scheduler's SIGTERM and a terminal's Ctrl-C reach it too. Python's server

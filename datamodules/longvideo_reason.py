@@ -77,8 +77,8 @@ class LongVideoReasonDataModule(L.LightningDataModule):
         seed: seed of the per-epoch shuffles.
         sequence_parallel_size: ranks that share one sample (they must read the same shards).
         worker_start_method: how dataloader workers start: ``forkserver`` (forked from a server
-            process that has imported their code once: a loader's workers start in a fraction of
-            a second instead of about 3 s; :mod:`datamodules.fork_server`), ``spawn`` (a fresh
+            process that has imported their code once, so a loader's workers do not import torch
+            and transformers again; :mod:`datamodules.fork_server`), ``spawn`` (a fresh
             interpreter per worker) or ``fork`` (a copy of the trainer: a worker forked after an
             in-process vLLM engine has bound its OpenMP threads deadlocks, so not for RL).
         max_prompt_tokens: skip a sample whose prompt, after the chat template, has more text
