@@ -23,34 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.grpo_runs import (
     column,
     demo_grpo_config,
+    evaluate,
     fit_once,
     markdown,
     mean_and_spread,
     rollout_callback,
-    run_lvrl,
 )
-
-
-def evaluate(model_dir: Path | str, out: Path, data: str) -> Path:
-    """Greedy answers of ``model_dir`` on every held-out question; returns the CSV logger's folder.
-    An evaluation that logged its accuracy is kept; one stopped before that runs again (into a new
-    ``version_N``, which ``column`` reads as the latest attempt)."""
-    metrics = out / "csv"
-    if not column(metrics, "val/accuracy"):
-        arguments = {
-            "--config": "configs/demo/sft.yaml",
-            "--trainer.default_root_dir": str(out),
-            "--trainer.limit_val_batches": "null",
-            "--model.init_args.model_path": str(model_dir),
-            "--data.init_args.train_shards": f"{data}/train-*.tar",
-            "--data.init_args.val_shards": f"{data}/{{val,test}}-*.tar",
-        }
-        run_lvrl(
-            out,
-            ["validate", *(part for pair in arguments.items() for part in pair)],
-            log_name="eval.log",
-        )
-    return metrics
 
 
 def held_out(metrics: Path) -> tuple[float, float]:

@@ -12,6 +12,7 @@ import copy
 import csv
 import io
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 import yaml
 
 from app.commands.report import read_text
+from evaluation.provenance import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
@@ -102,11 +104,41 @@ def fit_once(run_dir: Path, config: dict[str, Any], then: Callable[[Path], None]
         print(f"running {run_dir.name} ...", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(copy.deepcopy(config)))
+        if not (run_dir / "provenance.json").exists():  # the attempt that started the run
+            (run_dir / "provenance.json").write_text(json.dumps(provenance(sys.argv), indent=1) + "\n")
         fit_or_resume(run_dir)
         if then is not None:
             then(run_dir)
         (run_dir / "done").touch()
     return run_dir / "csv"
+
+
+def evaluate(
+    model_dir: Path | str, out: Path, data: str, splits: str = "{val,test}", samples: int | None = None
+) -> Path:
+    """``model_dir``'s greedy answer (and ``samples`` answers sampled at temperature 1; None: as
+    ``configs/demo/sft.yaml`` says) to every question of ``data``'s ``splits`` (a brace list, as
+    ``make demo`` evaluates); returns the CSV logger's folder, the answers are in
+    ``out/predictions``. An evaluation that logged its accuracy is kept; one stopped before that
+    runs again (into a new ``version_N``, which :func:`column` reads as the latest attempt)."""
+    metrics = out / "csv"
+    if not column(metrics, "val/accuracy"):
+        arguments = {
+            "--config": "configs/demo/sft.yaml",
+            "--trainer.default_root_dir": str(out),
+            "--trainer.limit_val_batches": "null",
+            "--model.init_args.model_path": str(model_dir),
+            "--data.init_args.train_shards": f"{data}/train-*.tar",
+            "--data.init_args.val_shards": f"{data}/{splits}-*.tar",
+        }
+        if samples is not None:
+            arguments["--model.init_args.val_samples"] = str(samples)
+        run_lvrl(
+            out,
+            ["validate", *(part for pair in arguments.items() for part in pair)],
+            log_name="eval.log",
+        )
+    return metrics
 
 
 def column(metrics: Path, name: str) -> list[float]:

@@ -11,6 +11,7 @@ Usage: python tools/render_results.py [--check]
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import sys
@@ -454,7 +455,48 @@ def zoom_cost_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def logged(folder: Path, name: str) -> list[float]:
+    """Every value of ``name`` in a CSV logger's ``version_N/metrics.csv`` files, in step order."""
+    rows = [
+        row for path in sorted(folder.glob("version_*/metrics.csv")) for row in csv.DictReader(path.open())
+    ]
+    rows.sort(key=lambda row: int(row["step"]))
+    return [float(row[name]) for row in rows if row.get(name)]
+
+
+def mismatch_calibration_block(root: Path) -> str:
+    """The short uncorrected runs the mismatch bench's weight noise was chosen on (their CSV logs)."""
+    folder = root / "bench" / "results" / "mismatch_weights" / "calibration"
+    lines = [
+        "| weight noise | steps | trainer-engine gap, nats/token (min - max) | rollout accuracy (mean) |",
+        "|---|---:|---|---:|",
+    ]
+    runs = sorted(folder.glob("noise-*"), key=lambda run: float(run.name.removeprefix("noise-")))
+    for run in runs:
+        gap, accuracy = (
+            logged(run / "csv", "rollout/logprob_diff_mean"),
+            logged(run / "csv", "rollout/accuracy"),
+        )
+        lines.append(
+            f"| {run.name.removeprefix('noise-')} | {len(gap)} | {min(gap):.3f} - {max(gap):.3f} "
+            f"| {sum(accuracy) / len(accuracy):.3f} |"
+        )
+    lines.append(
+        "\nFrom the CSV logs in `bench/results/mismatch_weights/calibration/` (the commands and commit "
+        "in its README)."
+    )
+    return "\n".join(lines)
+
+
+def mismatch_block(root: Path) -> str:
+    """bench/mismatch.py's comparison: its table, paired tests and the target's verdict."""
+    folder = root / "bench" / "results" / "mismatch_weights"
+    report = json.loads((folder / "mismatch.json").read_text())
+    return f"{run_line(report)}:\n\n" + (folder / "mismatch.md").read_text().strip()
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "mismatch_calibration": mismatch_calibration_block,
     "rollout": rollout_block,
     "mr_sp_memory": mr_sp_memory_block,
     "mr_sp_step": mr_sp_step_block,
