@@ -239,7 +239,9 @@ def verdict(outcomes: dict[str, list[Outcome]]) -> str:
         return "target not judged: every setting is needed"
     mean = {k: statistics.mean(o.held_out["sampled"] for o in v) for k, v in outcomes.items()}
     shortfall = mean["float32"] - mean["mismatch"]
-    if shortfall < TARGET_SHORTFALL:
+    # Accuracies are ratios of counts: a share that is exactly on the line may round below it.
+    rounding = 1e-9
+    if shortfall < TARGET_SHORTFALL - rounding:
         return (
             f"target not met: the mismatch cost uncorrected GRPO {shortfall:+.3f} held-out sampled "
             f"accuracy (the target needs >= {TARGET_SHORTFALL:.2f}), so there was little for a "
@@ -247,7 +249,7 @@ def verdict(outcomes: dict[str, list[Outcome]]) -> str:
         )
     recovered = {k: (mean[k] - mean["mismatch"]) / shortfall for k in ("mismatch+TIS", "mismatch+MIS")}
     shares = ", ".join(f"{k.split('+')[1]} {v:.0%}" for k, v in recovered.items())
-    met = all(v >= TARGET_RECOVERED for v in recovered.values())
+    met = all(v >= TARGET_RECOVERED - rounding for v in recovered.values())
     return (
         f"target {'met' if met else 'not met'}: the mismatch cost uncorrected GRPO {shortfall:.3f} "
         f"held-out sampled accuracy; won back: {shares} (target >= {TARGET_RECOVERED:.0%} each)"

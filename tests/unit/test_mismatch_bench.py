@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from bench.mismatch import PerturbedWeights
+from bench.mismatch import Outcome, PerturbedWeights, verdict
 from rollout.base import (
     Completion,
     PolicyHandle,
@@ -70,3 +70,34 @@ def test_its_log_probs_are_its_own() -> None:
     engine = PerturbedWeights(Recording(), std=0.05, seed=0)
     (result,) = engine.generate([None], SamplingConfig(n=1))  # type: ignore[list-item]
     assert result.completions[0].logprobs == [-0.25, -1.5]
+
+
+def outcomes(sampled: dict[str, list[float]]) -> dict[str, list[Outcome]]:
+    """Runs of each setting with the given held-out sampled accuracies (one per seed)."""
+    return {
+        setting: [
+            Outcome(seed, [0.3], 0.0, float("nan"), float("nan"), {"greedy": 0.0, "sampled": value}, {})
+            for seed, value in enumerate(values)
+        ]
+        for setting, values in sampled.items()
+    }
+
+
+def test_the_verdict_reads_the_stated_target() -> None:
+    # Uncorrected falls 0.10 short of float32; TIS wins back 0.06 (60%), MIS 0.04 (40%).
+    runs = outcomes(
+        {
+            "float32": [0.40, 0.40, 0.40],
+            "mismatch": [0.30, 0.30, 0.30],
+            "mismatch+TIS": [0.36, 0.36, 0.36],
+            "mismatch+MIS": [0.34, 0.34, 0.34],
+        }
+    )
+    assert verdict(runs).startswith("target not met") and "TIS 60%, MIS 40%" in verdict(runs)
+    runs["mismatch+MIS"] = outcomes({"m": [0.35, 0.35, 0.35]})["m"]  # exactly half: met
+    assert verdict(runs).startswith("target met")
+    # A mismatch that costs less than 3 points leaves nothing to win back: not met, whatever follows.
+    runs["mismatch"] = outcomes({"m": [0.38, 0.38, 0.39]})["m"]
+    assert verdict(runs).startswith("target not met: the mismatch cost uncorrected GRPO +0.017")
+    del runs["mismatch+MIS"]
+    assert verdict(runs).startswith("target not judged")
