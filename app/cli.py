@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import gc
 import importlib
 import signal
 import sys
@@ -112,6 +113,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"lvrl: unknown command {given[0]!r}{guess}", file=sys.stderr)
         print("  (`lvrl --help` lists the commands)", file=sys.stderr)
         sys.exit(2)
-    from app.lightning_cli import run_lightning_cli  # imported late: Lightning is slow to import
-
+    # What these imports build (torch, transformers, Lightning: a few hundred thousand objects)
+    # lives as long as the process. The collector would walk it again and again while it grows
+    # (each full collection walks everything); instead it is not collected while it is built, and
+    # frozen after: left out of every later collection of the run.
+    gc.disable()
+    try:
+        from app.lightning_cli import run_lightning_cli  # imported late: Lightning is slow to import
+    finally:
+        gc.freeze()
+        gc.enable()
     run_lightning_cli(None if argv is None else given)

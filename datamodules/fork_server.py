@@ -19,6 +19,7 @@ trainer (a SIGKILL included).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import multiprocessing
 import signal
@@ -60,5 +61,14 @@ the supported families (unpickling a processor imports its family's modules)."""
 
 if _in_fork_server():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by workers until they install theirs
-    for module in PRELOADED:
-        importlib.import_module(module)
+    # The imports are built once and shared by every worker, so the collector should neither walk
+    # them while they are built nor later in the workers (where walking them would also copy the
+    # shared pages it writes to): collection off while importing, then frozen, as the gc module's
+    # documentation recommends for a process that forks without exec.
+    gc.disable()
+    try:
+        for module in PRELOADED:
+            importlib.import_module(module)
+    finally:
+        gc.freeze()
+        gc.enable()

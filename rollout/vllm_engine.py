@@ -23,6 +23,7 @@ Facts this relies on (vLLM 0.32, measured; see ../shared/ENVIRONMENT.md):
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -190,6 +191,19 @@ class VLLMEngine(RolloutEngine):
             raise EngineLimitError("vLLM would refuse this run's rollouts:\n- " + "\n- ".join(problems))
 
     def start(self, policy: PolicyHandle) -> None:
+        # vLLM collects the whole heap several times while it is imported, loads and warms up,
+        # then freezes what is alive for serving (vllm.utils.gc_utils.freeze_gc_heap; its
+        # EngineCore.shutdown unfreezes). Frozen before (and again once vLLM is imported), what
+        # is already alive (torch, transformers, Lightning, the policy, vLLM's modules) stays out
+        # of those collections: each walks only what was built since.
+        gc.freeze()
+        try:
+            self._start(policy)
+        except BaseException:
+            gc.unfreeze()  # no engine will unfreeze at its shutdown
+            raise
+
+    def _start(self, policy: PolicyHandle) -> None:
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             for key, value in CPU_ENV_DEFAULTS.items():
@@ -216,6 +230,7 @@ class VLLMEngine(RolloutEngine):
         # (a trainer's, restored from a checkpoint on a resume).
         caller_rng = rng_states()
         sized = {"max_num_batched_tokens": self.batched_tokens} if self.batched_tokens is not None else {}
+        gc.freeze()  # vLLM's modules too, now imported (see start)
         with _long_max_model_len_allowed(self.allow_long_max_model_len):
             self.llm = LLM(
                 model=policy.model_path,

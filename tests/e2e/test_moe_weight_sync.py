@@ -11,6 +11,8 @@ model at start-up with what to use instead, and the transformers engine runs it
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -30,3 +32,6 @@ def test_the_cpu_engine_refuses_a_moe_policy_with_what_to_use(family_model_dir) 
     with pytest.raises(UnsupportedOnThisBuild, match=r"qwen3_vl_moe.*TransformersEngine"):
         engine.start(PolicyHandle(str(model_dir), model, processor.tokenizer))
     assert engine.llm is None  # refused before any engine was built
+    # start() freezes the heap for vLLM's collections; with no engine to unfreeze it at its
+    # shutdown, the refusal must (else this process would never collect what was alive then).
+    assert gc.get_freeze_count() == 0

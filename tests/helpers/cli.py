@@ -100,6 +100,7 @@ def _drop_run_state() -> None:
     engine_helpers = sys.modules.get("helpers.engine_helpers")
     if engine_helpers is not None:
         engine_helpers.drop_vllm_engine()
+    gc.unfreeze()  # what `lvrl` froze after its imports (a process of its own never needs this)
     gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
 
 
