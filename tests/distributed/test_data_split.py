@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 
 from datamodules.shards import resolve_shards
 from datamodules.stream import EpochAwareDataLoader, VideoQAStream, data_parallel_coordinates
@@ -60,9 +60,7 @@ def _list_samples(rank: int, shards: list[str], store_path: str, out_dir: str) -
 def test_every_sample_once_per_epoch_and_peers_identical(synth_dir: Path, tmp_path: Path) -> None:
     shards = resolve_shards(str(synth_dir / "train-*.tar"))
     assert len(shards) == 6
-    mp.spawn(
-        _list_samples, args=(shards, str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, join=True
-    )
+    spawn_ranks(_list_samples, args=(shards, str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
     assert [r["dp_rank"] for r in results] == [0, 0, 1, 1]
     for epoch in range(2):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 from helpers.recording_engines import FlakyEngine
 
 from core.failures import RolloutFailed, StoppedBySignal
@@ -130,9 +130,7 @@ def _run(rank: int, store_path: str, out_dir: str) -> None:
 
 
 def test_a_failure_on_one_rank_is_met_by_every_rank_together(tmp_path: Path) -> None:
-    mp.start_processes(
-        _run, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn"
-    )
+    spawn_ranks(_run, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE)
     healthy, failing = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     for outcomes in (healthy, failing):
         assert all(outcome["in_step"] for outcome in outcomes.values())

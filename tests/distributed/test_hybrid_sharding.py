@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
 
 from models.loading import load_model
@@ -65,7 +65,7 @@ def test_hybrid_sharding_sums_gradients_like_one_process(tiny_model_dir: Path, t
     vision_tower(model).requires_grad_(False)
     summed_loss(model, rows()).backward()
     expected = gradients(model)
-    mp.spawn(_worker, args=(str(tiny_model_dir), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    spawn_ranks(_worker, args=(str(tiny_model_dir), str(tmp_path)), nprocs=WORLD)
     got = torch.load(tmp_path / "hybrid.pt")
     assert got.keys() == expected.keys()
     for name, grad in expected.items():

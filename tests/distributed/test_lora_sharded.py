@@ -20,8 +20,8 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-import torch.multiprocessing as mp
 from helpers.cli import free_port
+from helpers.ranks import spawn_ranks
 from helpers.sharded_runs import fit_on_rollouts, grpo_module, launched_externally, rollout_parts
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close, assert_identical
 
@@ -106,11 +106,10 @@ def test_sharded_lora_updates_equal_one_process(
     one_process: Path, tiny_model_dir: Path, tmp_path: Path, world_size: int, sequence_parallel_size: int
 ) -> None:
     (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
-    mp.spawn(
+    spawn_ranks(
         _worker,
         args=(world_size, sequence_parallel_size, free_port(), str(tiny_model_dir), str(tmp_path)),
         nprocs=world_size,
-        start_method="spawn",
     )
     expected, got = torch.load(one_process / "one.pt"), torch.load(tmp_path / "sharded.pt")
     label = f"{world_size} processes (sequence {sequence_parallel_size}) vs one"
@@ -176,11 +175,10 @@ def test_a_sharded_lora_checkpoint_restores_at_another_world_size(
     1 process: the same adapter gradient and weights as three updates in one process."""
     (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
     for world_size, steps, phase in ((2, STEPS - 1, "first"), (1, STEPS, "resumed")):
-        mp.spawn(
+        spawn_ranks(
             _resumed_worker,
             args=(world_size, free_port(), str(tiny_model_dir), str(tmp_path), steps, phase),
             nprocs=world_size,
-            start_method="spawn",
         )
     assert (tmp_path / "step2.ckpt").is_dir()  # one shard per rank of the writing run
     expected, got = torch.load(one_process / "one.pt"), torch.load(tmp_path / "resumed.pt")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 
 from models.loading import load_model
 from models.vision import decoder_blocks, vision_tower
@@ -70,7 +70,7 @@ def _worker(rank: int, model_dir: str, out: str) -> None:
 
 def test_fp32_master_weights_move_where_bf16_weights_do_not(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "fractions.pt"
-    mp.spawn(_worker, args=(str(tiny_model_dir), str(out)), nprocs=1, start_method="spawn")
+    spawn_ranks(_worker, args=(str(tiny_model_dir), str(out)), nprocs=1)
     result = torch.load(out)
     assert result["dtypes"] == {torch.float32}  # the sharded parameters are the fp32 master copy
     assert result["master"] > 0.99, result

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 from helpers.sharded_runs import perturbed_policy
 from helpers.tolerances import assert_identical
 
@@ -63,11 +63,10 @@ def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
 
 
 def test_a_meta_skeleton_is_filled_from_rank0(tiny_model_dir: Path, tmp_path: Path) -> None:
-    mp.start_processes(
+    spawn_ranks(
         _worker,
         args=(str(tiny_model_dir), str(tmp_path / "store"), str(tmp_path)),
         nprocs=WORLD_SIZE,
-        start_method="spawn",
     )
     expected = loaded_model(str(tiny_model_dir))
     parameters = {name: p.detach() for name, p in expected.named_parameters()}

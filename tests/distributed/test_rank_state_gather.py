@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 
 from callbacks.checkpoint import RunCheckpoint
 from parallel.collectives import gather_from_all_ranks
@@ -44,9 +44,7 @@ def _gather(rank: int, store_path: str, out_dir: str) -> None:
 
 
 def test_every_rank_state_reaches_every_rank_in_rank_order(tmp_path: Path) -> None:
-    mp.start_processes(
-        _gather, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE, start_method="spawn"
-    )
+    spawn_ranks(_gather, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=WORLD_SIZE)
     for rank in range(WORLD_SIZE):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["objects"] == [{"rank": r, "position": 10 * r + 3} for r in range(WORLD_SIZE)]

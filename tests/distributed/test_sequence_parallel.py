@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 from helpers.scoring_helpers import video_scoring_rows
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
@@ -171,7 +171,7 @@ def test_sequence_parallel_prefill_matches_one_process(
     assert length == 5
     scoring, _ = torch.load(reference["inputs"], weights_only=False)
     assert scoring.input_ids.shape[1] % 8 == 4, "zigzag at 4 ranks should have to pad the rows"
-    mp.start_processes(
+    spawn_ranks(
         _worker,
         args=(
             world_size,
@@ -181,7 +181,6 @@ def test_sequence_parallel_prefill_matches_one_process(
             str(tmp_path),
         ),
         nprocs=world_size,
-        start_method="spawn",
     )
     for case in SHARDINGS:
         logprobs, entropy, gradients = torch.load(tmp_path / f"{name_of(*case)}.pt")

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers.episode_helpers import ScriptedEngine, video_prompt
+from helpers.ranks import spawn_ranks
 from helpers.tolerances import FORWARD_ULPS, GRADIENT_ULPS, assert_float32_close
 
 from core.tool_use.episode import episode_scoring_batch
@@ -114,11 +114,10 @@ def test_episode_rows_score_sequence_parallel_as_in_one_process(
     reference = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     reference.update({f"video{i}": v.grad.clone() for i, v in enumerate(leaves(prompt_video, segments))})
     assert (expected[scoring.completion_mask == 0] == 0).all() and expected.abs().sum() > 0
-    mp.start_processes(
+    spawn_ranks(
         _worker,
         args=(2, str(model_dir), str(tmp_path / "inputs.pt"), str(tmp_path / "store"), str(tmp_path)),
         nprocs=2,
-        start_method="spawn",
     )
     sampled = scoring.completion_mask > 0
     for attention, layout, share in SHARDINGS:
@@ -206,11 +205,10 @@ def test_sequence_parallel_peers_play_the_episodes_of_one_process(
             prompt.tool(BUDGET),
         )
     alone = [e for g in groups for e in g]
-    mp.start_processes(
+    spawn_ranks(
         _episode_worker,
         args=(2, str(tiny_model_dir), str(synth_dir), str(tmp_path / "store"), str(tmp_path)),
         nprocs=2,
-        start_method="spawn",
     )
     ranks = [torch.load(tmp_path / f"episodes-rank{r}.pt", weights_only=False) for r in range(2)]
     for rank, (episodes, items, served) in enumerate(ranks):

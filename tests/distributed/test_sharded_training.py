@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from helpers.cli import free_port
+from helpers.ranks import spawn_ranks
 from helpers.sharded_runs import fit_on_rollouts, grpo_module, launched_externally, rollout_parts
 from helpers.tolerances import GRADIENT_ULPS, assert_float32_close
 
@@ -84,7 +84,7 @@ def test_sharded_updates_equal_one_process(
 ) -> None:
     """(One case recomputes each block's activations in backward: same arithmetic, same bar.)"""
     (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
-    mp.spawn(
+    spawn_ranks(
         _worker,
         args=(
             world_size,
@@ -95,7 +95,6 @@ def test_sharded_updates_equal_one_process(
             str(tmp_path),
         ),
         nprocs=world_size,
-        start_method="spawn",
     )
     expected = torch.load(one_process / "one.pt")
     got = torch.load(tmp_path / "sharded.pt")
@@ -152,11 +151,10 @@ def test_a_sharded_checkpoint_restores_at_another_world_size(
     on 1 process: the same gradient and weights as three updates in one process."""
     (tmp_path / "parts.pt").symlink_to(one_process / "parts.pt")
     for world_size, steps, phase in ((2, STEPS - 1, "first"), (1, STEPS, "resumed")):
-        mp.spawn(
+        spawn_ranks(
             _resumed_worker,
             args=(world_size, free_port(), str(tiny_model_dir), str(tmp_path), steps, phase),
             nprocs=world_size,
-            start_method="spawn",
         )
     assert (tmp_path / "step2.ckpt").is_dir()  # one shard per rank of the writing run
     expected = torch.load(one_process / "one.pt")

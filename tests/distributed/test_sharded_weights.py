@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 from helpers.recording_engines import WeightRecorder
 from helpers.sharded_runs import perturbed_policy
 from helpers.tolerances import assert_identical
@@ -86,11 +86,10 @@ def _worker(rank: int, model_dir: str, store_path: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def sharded_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("sharded")
-    mp.start_processes(
+    spawn_ranks(
         _worker,
         args=(str(tiny_model_dir), str(out / "store"), str(out)),
         nprocs=WORLD_SIZE,
-        start_method="spawn",
     )
     return out
 

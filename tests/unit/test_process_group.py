@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.ranks import spawn_ranks
 
 from parallel.process_group import release_process_group
 
@@ -35,4 +35,4 @@ def _release_twice_and_start_again(rank: int, tmp: str) -> None:
 
 
 def test_release_ends_the_group_and_its_subgroups(tmp_path: Path) -> None:
-    mp.spawn(_release_twice_and_start_again, args=(str(tmp_path),), nprocs=1, start_method="spawn")
+    spawn_ranks(_release_twice_and_start_again, args=(str(tmp_path),), nprocs=1)
