@@ -61,6 +61,7 @@ class Served:
         from vllm import LLM
 
         self.family = family
+        gc.freeze()  # out of vLLM's start-up collections, as rollout.vllm_engine.VLLMEngine.start does
         self.llm = LLM(
             model=str(model_dir),
             dtype="float32",
