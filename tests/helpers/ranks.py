@@ -3,11 +3,13 @@
 and imports torch and transformers before it does anything (seconds each, for every rank of
 every test); a rank forked from the server has them already. The server has no threads and no
 process group of its own, so each rank still starts as a process of its own (its own gloo
-group, its own thread count), as a spawned one would.
+group, its own thread count), as a spawned one would, and with the caller's environment as it is
+now (the server's is the one it started with, possibly inside another test's settings).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +23,16 @@ def spawn_ranks(fn: Callable[..., None], args: tuple[Any, ...] = (), nprocs: int
     """``fn(rank, *args)`` in ``nprocs`` processes, waited for; a rank's exception fails the
     caller with its traceback (as ``torch.multiprocessing.spawn``)."""
     worker_context("forkserver")  # the server, when it starts, imports the workers' code first
-    mp.start_processes(_rank, args=(fn, *args), nprocs=nprocs, join=True, start_method="forkserver")
+    environment = dict(os.environ)
+    mp.start_processes(
+        _rank, args=(fn, environment, *args), nprocs=nprocs, join=True, start_method="forkserver"
+    )
 
 
-def _rank(index: int, fn: Callable[..., None], *args: Any) -> None:
+def _rank(index: int, fn: Callable[..., None], environment: dict[str, str], *args: Any) -> None:
     # The server ignores SIGTERM (datamodules.fork_server says why), and forked children inherit
     # that; a rank is a process of its own and ends on it as a spawned one does.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(environment)
     fn(index, *args)
