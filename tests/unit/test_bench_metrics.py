@@ -51,16 +51,20 @@ def test_a_saved_run_reads_the_same_gzipped(tmp_path: Path) -> None:
 def test_an_evaluation_stopped_before_its_accuracy_runs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``bench/agreement.py`` keeps an evaluation that logged its accuracy and reruns one that did
+    """The benches' held-out evaluation (``bench/grpo_runs.py``, used by ``bench/agreement.py`` and
+    ``bench/mismatch.py``) keeps an evaluation that logged its accuracy and reruns one that did
     not; the rerun's ``version_1`` is the one read."""
-    from bench import agreement
+    from bench import grpo_runs
 
-    calls: list[Path] = []
-    monkeypatch.setattr(agreement, "run_lvrl", lambda out, *args, **kwargs: calls.append(out))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(grpo_runs, "run_lvrl", lambda out, arguments, **kwargs: calls.append(arguments))
     out = tmp_path / "eval"
     write_attempt(out / "csv", 0, [(0, "0.9", "")])  # stopped: a loss row, no accuracy yet
-    agreement.evaluate("model", out, "data")
-    assert calls == [out]
+    grpo_runs.evaluate("model", out, "data", splits="test", samples=8)
+    assert len(calls) == 1 and calls[0][0] == "validate"
+    given = dict(zip(calls[0][1::2], calls[0][2::2], strict=True))
+    assert given["--data.init_args.val_shards"] == "data/test-*.tar"
+    assert given["--model.init_args.val_samples"] == "8"
     write_attempt(out / "csv", 1, [(0, "", "0.625")])  # what the rerun logs
-    assert column(agreement.evaluate("model", out, "data"), "val/accuracy") == [0.625]
-    assert calls == [out]  # the finished evaluation is not run again
+    assert column(grpo_runs.evaluate("model", out, "data"), "val/accuracy") == [0.625]
+    assert len(calls) == 1  # the finished evaluation is not run again
