@@ -488,13 +488,6 @@ def mismatch_calibration_block(root: Path) -> str:
     return "\n".join(lines)
 
 
-def mismatch_block(root: Path) -> str:
-    """bench/mismatch.py's comparison: its table, paired tests and the target's verdict."""
-    folder = root / "bench" / "results" / "mismatch_weights"
-    report = json.loads((folder / "mismatch.json").read_text())
-    return f"{run_line(report)}:\n\n" + (folder / "mismatch.md").read_text().strip()
-
-
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "mismatch_calibration": mismatch_calibration_block,
     "rollout": rollout_block,
