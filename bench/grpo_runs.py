@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import io
 import itertools
 import json
@@ -24,10 +25,12 @@ from typing import Any
 import yaml
 
 from app.commands.report import read_text
+from bench.process_usage import Usage, run_counted
 from evaluation.provenance import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
+ATTEMPTS = "attempts.jsonl"
 
 
 def demo_grpo_config(run_dir: Path, sft: str, data: str, seed: int, steps: int) -> dict[str, Any]:
@@ -59,8 +62,12 @@ def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
     return next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith("RolloutCallback"))
 
 
-def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", append: bool = False) -> None:
-    """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``.
+def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", append: bool = False) -> Usage:
+    """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``; returns
+    what it used. Every attempt, finished or not, appends a line to ``run_dir/attempts.jsonl``:
+    the lvrl command, the bench command, commit, machine and date, exit status, CPU and wall
+    seconds (:mod:`bench.process_usage`), so a stage run over several attempts says which code
+    ran each part and what the whole cost.
 
     A failed or stopped command ends the bench with a short message (the command, its exit status, the
     log's last line and where the log is) rather than a traceback of this process: a stage
@@ -70,15 +77,27 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
     log_path = run_dir / log_name
     with log_path.open("a" if append else "w") as log:
         command = [sys.executable, "-m", "app", *arguments]
-        status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    if status != 0:
+        usage = run_counted(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    record = {"lvrl": arguments, **provenance(sys.argv), **dataclasses.asdict(usage)}
+    with (run_dir / ATTEMPTS).open("a") as attempts:
+        attempts.write(json.dumps(record) + "\n")
+    if usage.exit_status != 0:
         lines = log_path.read_text(errors="replace").strip().splitlines()
         subcommand = " ".join(itertools.takewhile(lambda word: not word.startswith("-"), arguments[:2]))
         sys.exit(
-            f"lvrl {subcommand} stopped (exit status {status}): {lines[-1] if lines else '(no output)'}\n"
+            f"lvrl {subcommand} stopped (exit status {usage.exit_status}): "
+            f"{lines[-1] if lines else '(no output)'}\n"
             f"its output: {log_path}. If it was stopped, the same command continues (finished stages are "
             "skipped, a stopped training stage resumes from its last checkpoint)"
         )
+    return usage
+
+
+def attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The records :func:`run_lvrl` appended in ``run_dir``, oldest first."""
+    path = run_dir / ATTEMPTS
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def fit_or_resume(run_dir: Path, continuing: Path | None = None) -> None:

@@ -20,7 +20,7 @@ episodes (the rollout code); and the test questions again with every video swapp
 question's (a reading probe: a model that reads its frames falls to about chance there).
 
 Printed: per setting, accuracy (mean ± spread over seeds, and per seed), frames and visual
-tokens per answer, trainer seconds, requests, span hit rate and the probe; on the test split,
+tokens per answer, trainer CPU seconds, requests, span hit rate and the probe; on the test split,
 exact McNemar tests per seed and pooled, a paired t-test over the seeds, and the verdict of the
 target stated before the runs.
 
@@ -37,12 +37,13 @@ Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] 
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import re
 import sys
 import tarfile
-import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.commands.report import last_predictions, last_records, paired_comparison
 from bench.grpo_runs import (
     REPO,
+    attempts,
     column,
     fit_or_resume,
     markdown,
@@ -200,22 +202,62 @@ def with_settings(config: dict[str, Any], settings: list[str]) -> dict[str, Any]
     return config
 
 
-def timed_once(out: Path, work: Any) -> float:
-    """Run ``work()`` unless ``out/done`` exists; returns its wall time in seconds, over every
-    attempt (an interrupted one records its time in ``out/elapsed``)."""
-    done, elapsed = out / "done", out / "elapsed"
+def run_once(out: Path, work: Callable[[], None]) -> None:
+    """Run ``work()`` unless ``out/done`` exists (written once it has finished)."""
+    done = out / "done"
     if not done.exists():
         print(f"running {out} ...", flush=True)
         out.mkdir(parents=True, exist_ok=True)
-        total = float(elapsed.read_text()) if elapsed.exists() else 0.0
-        started = time.perf_counter()
-        try:
-            work()
-        finally:
-            total += time.perf_counter() - started
-            elapsed.write_text(str(total))
-        done.write_text(json.dumps({"seconds": total}))
-    return float(json.loads(done.read_text() or "{}").get("seconds", float("nan")))
+        work()
+        done.touch()
+
+
+@dataclass(frozen=True)
+class Cost:
+    """CPU seconds a stage cost over its attempts (the trainer and every process it started,
+    :mod:`bench.process_usage`): unlike wall time, untouched by pauses and by other work on the
+    machine. ``estimated``: part of it was charged at the measured rate per training step, for
+    attempts made before CPU time was counted (see :func:`stage_cost`)."""
+
+    cpu_seconds: float
+    estimated: bool = False
+
+
+def stage_cost(run_dir: Path) -> Cost:
+    """What the attempts recorded in ``run_dir`` cost (:func:`bench.grpo_runs.attempts`).
+
+    A record whose ``cpu_seconds`` is null stands for attempts run before the bench counted CPU
+    time (written by hand, with their commit and wall time, and ``csv_versions``: how many of the
+    run's first CSV version folders they logged). Those training steps are charged at the rate of
+    the measured attempts of the same run, per step."""
+    records = attempts(run_dir)
+    measured = sum(r["cpu_seconds"] for r in records if r["cpu_seconds"] is not None)
+    unmeasured = [r for r in records if r["cpu_seconds"] is None]
+    if not unmeasured:
+        return Cost(measured)
+    versions = max(int(r["csv_versions"]) for r in unmeasured)
+    steps = last_steps(run_dir / "csv")
+    before, total = max(steps[:versions], default=0), max(steps, default=0)
+    if total <= before:
+        return Cost(float("nan"), estimated=True)  # nothing measured to charge them by
+    return Cost(measured * total / (total - before), estimated=True)
+
+
+def last_steps(csv_dir: Path) -> list[int]:
+    """The last step each ``version_N`` attempt of a CSV logger's folder logged, in N order."""
+    versions = sorted(csv_dir.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
+    return [max((int(row["step"]) for row in csv.DictReader(f.open())), default=0) for f in versions]
+
+
+def summed(costs: Iterable[Cost]) -> Cost:
+    listed = list(costs)
+    return Cost(sum(c.cpu_seconds for c in listed), any(c.estimated for c in listed))
+
+
+def cost_cell(costs: list[Cost]) -> str:
+    """Mean ± spread of CPU seconds over seeds, ``~`` before it when any part is estimated."""
+    cell = mean_and_spread([c.cpu_seconds for c in costs], 0)
+    return ("~" if any(c.estimated for c in costs) else "") + cell
 
 
 def flattened(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -266,7 +308,7 @@ def recipe_changes(run_dir: Path, config: dict[str, Any]) -> list[str]:
     ]
 
 
-def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None) -> float:
+def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None) -> Cost:
     changes = recipe_changes(run_dir, config)
     if changes:
         shown = "\n  ".join(changes[:8]) + (f"\n  ... {len(changes) - 8} more" if len(changes) > 8 else "")
@@ -280,13 +322,14 @@ def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
         fit_or_resume(run_dir, continuing)
 
-    return timed_once(run_dir, work)
+    run_once(run_dir, work)
+    return stage_cost(run_dir)
 
 
-def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, float]:
+def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, Cost]:
     """The run's export answers every question of ``shards`` with the run's own validation
     settings (episodes for the tool-using runs, its frames for a dense one), into
-    ``<run>-<name>``; returns that folder and its wall time."""
+    ``<run>-<name>``; returns that folder and what it cost."""
     out = run_dir.parent / f"{run_dir.name}-{name}"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     trainer = config["trainer"]
@@ -301,7 +344,8 @@ def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, float]:
         (out / "config.yaml").write_text(yaml.safe_dump(config))
         run_lvrl(out, ["validate", "--config", str(out / "config.yaml")], log_name="eval.log")
 
-    return out, timed_once(out, work)
+    run_once(out, work)
+    return out, stage_cost(out)
 
 
 def swapped_videos(data: Path, split: str, out: Path) -> Path:
@@ -417,7 +461,7 @@ def continue_grpo(
     data: str,
     seed: int,
     lengths: list[int],
-    seconds: dict[str, list[float]],
+    costs: dict[str, list[Cost]],
     settings: list[str] | None = None,
 ) -> list[tuple[int, dict[str, bool]]]:
     """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
@@ -433,8 +477,8 @@ def continue_grpo(
             sys.exit("--longer-grpo continues a run: its learning rate must be constant")
         trained = train(run_dir, config, continuing=previous / "checkpoints" / "last.ckpt")
         evaluations = [evaluate(run_dir, f"{data}/{split}-*.tar", split) for split in ("val", "test")]
-        seconds.setdefault(f"tool GRPO to {steps} training", []).append(trained)
-        seconds.setdefault(f"tool GRPO to {steps} evaluation", []).append(sum(t for _, t in evaluations))
+        costs.setdefault(f"tool GRPO to {steps} training", []).append(trained)
+        costs.setdefault(f"tool GRPO to {steps} evaluation", []).append(summed(c for _, c in evaluations))
         answers.append((steps, answered([folder for folder, _ in evaluations])))
         previous = run_dir
     return answers
@@ -451,7 +495,7 @@ class SeedResult:
     """Test questions: right or not."""
     frames: float
     """Frames seen per test answer."""
-    trainer_seconds: float
+    trainer: Cost
     requests: float = float("nan")
     span_hit: float = float("nan")
     hits: dict[str, bool] | None = None
@@ -480,7 +524,8 @@ def tokens_per_frame(model: Path, frame_side: int, max_pixels: int) -> float:
 def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> str:
     """The settings side by side on ``split`` (``val``: where recipes are chosen; ``test``: the
     comparison, with the reading probe)."""
-    headers = ["setting", "accuracy", "per seed", "frames / answer", "visual tokens / answer", "trainer s"]
+    headers = ["setting", "accuracy", "per seed", "frames / answer", "visual tokens / answer"]
+    headers += ["trainer CPU s"]
     headers += ["requests / answer", "span hit rate"] + (
         ["another video's frames"] if split == "test" else []
     )
@@ -496,7 +541,7 @@ def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> s
             ", ".join(f"{r.seed}: {r.accuracy[split]:.3f}" for r in seeds),
             mean_and_spread(frames, 1),
             mean_and_spread([f * tokens for f in frames], 0),
-            mean_and_spread([r.trainer_seconds for r in seeds], 0),
+            cost_cell([r.trainer for r in seeds]),
             mean_and_spread([r.requests for r in seeds], 2),
             mean_and_spread([r.span_hit for r in seeds]),
         ]
@@ -658,7 +703,7 @@ def main() -> None:
     build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model), "--reuse"]
     run_lvrl(out, [*build, "--corpus", f"{data}/train-00000.tar"], log_name="model-build.log")
     results: dict[str, list[SeedResult]] = {stage.label: [] for stage in stages}
-    seconds: dict[str, list[float]] = {}
+    costs: dict[str, list[Cost]] = {}
     longer: dict[int, list[dict[str, bool]]] = {}
     sft_answers: list[dict[str, bool]] = []
     first_grpo: list[dict[str, bool]] = []
@@ -681,10 +726,9 @@ def main() -> None:
                 "probe": f"{probe}/test-*.tar",
             }
             evaluations = {name: evaluate(run_dir, glob, name) for name, glob in shards.items()}
-            seconds.setdefault(f"{stage.label} training", []).append(trained)
-            seconds.setdefault(f"{stage.label} evaluation", []).append(
-                sum(t for _, t in evaluations.values())
-            )
+            costs.setdefault(f"{stage.label} training", []).append(trained)
+            evaluation_cost = summed(cost for _, cost in evaluations.values())
+            costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
             test_dir = evaluations["test"][0]
             tool = stage.frames is None
             result = SeedResult(
@@ -706,7 +750,7 @@ def main() -> None:
                 # The continuations come next, before the dense baselines: the tool path of a seed
                 # is then whole while its dense SFTs (the longest stages) still run.
                 for more, answers in continue_grpo(
-                    run_dir, data, seed, args.longer_grpo, seconds, args.grpo_set
+                    run_dir, data, seed, args.longer_grpo, costs, args.grpo_set
                 ):
                     longer.setdefault(more, []).append(answers)
 
@@ -730,9 +774,8 @@ def main() -> None:
     print("\nthe target stated before the runs:")
     for line in verdict(results):
         print(line)
-    print(
-        "\nwall time per seed (s): " + ", ".join(f"{k} {mean_and_spread(v, 0)}" for k, v in seconds.items())
-    )
+    print("\nCPU seconds per seed: " + ", ".join(f"{k} {cost_cell(v)}" for k, v in costs.items()))
+    print("(~: part charged per training step at the measured rate, for attempts run before CPU was counted)")
 
 
 if __name__ == "__main__":

@@ -141,13 +141,16 @@ def test_each_continuation_trains_with_the_first_runs_recipe_changes(
 ) -> None:
     """The 300- and 400-step runs continue the changed recipe, not the config file's own."""
     trained: list[tuple[Path, dict, Path | None]] = []
+
+    def train(run_dir: Path, config: dict, continuing: Path | None = None) -> zoom.Cost:
+        trained.append((run_dir, config, continuing))
+        return zoom.Cost(1.0)
+
+    monkeypatch.setattr(zoom, "train", train)
     monkeypatch.setattr(
         zoom,
-        "train",
-        lambda run_dir, config, continuing=None: trained.append((run_dir, config, continuing)) or 1.0,
-    )
-    monkeypatch.setattr(
-        zoom, "evaluate", lambda run_dir, shards, name: (run_dir.parent / f"{run_dir.name}-{name}", 1.0)
+        "evaluate",
+        lambda run_dir, shards, name: (run_dir.parent / f"{run_dir.name}-{name}", zoom.Cost(1.0)),
     )
     monkeypatch.setattr(zoom, "last_predictions", lambda eval_dir: {f"synth-{eval_dir.name[-4:]}-0": True})
     first = tmp_path / "seed1" / "grpo-tool"
@@ -221,13 +224,16 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     monkeypatch.setattr(zoom, "run_lvrl", lambda *args, **kwargs: None)
     monkeypatch.setattr(zoom, "swapped_videos", lambda data, split, out: out)
     monkeypatch.setattr(zoom, "tokens_per_frame", lambda model, side, pixels: 2.0)
-    monkeypatch.setattr(
-        zoom, "train", lambda run_dir, config, continuing=None: trained.append(run_dir.name) or 100.0
-    )
 
-    def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, float]:
+    def train(run_dir: Path, config: dict, continuing: Path | None = None) -> zoom.Cost:
+        trained.append(run_dir.name)
+        return zoom.Cost(100.0)
+
+    monkeypatch.setattr(zoom, "train", train)
+
+    def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, zoom.Cost]:
         evaluated.append((run_dir.name, name))
-        return run_dir.parent / f"{run_dir.name}-{name}", 1.0
+        return run_dir.parent / f"{run_dir.name}-{name}", zoom.Cost(1.0)
 
     accuracy = {"sft-tool": 0.40, "grpo-tool": 0.60, "sft-dense-48": 0.30}
     monkeypatch.setattr(zoom, "evaluate", evaluate)
@@ -317,9 +323,10 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
     restored = elsewhere / "seed0" / "sft-tool"
     recorded = zoom.stage_config(zoom.STAGES[0], restored, elsewhere / "model-small", "d", 0, 600)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(recorded))
-    (run_dir / "done").write_text(json.dumps({"seconds": 12.0}))
+    (run_dir / "done").touch()
+    attempt(run_dir, 12.0)
     same = zoom.stage_config(zoom.STAGES[0], run_dir, out / "model-small", "d", 0, 600)
-    assert zoom.train(run_dir, same) == 12.0
+    assert zoom.train(run_dir, same) == zoom.Cost(12.0)
     longer = zoom.stage_config(zoom.STAGES[0], run_dir, out / "model-small", "d", 0, 900)
     with pytest.raises(SystemExit, match=r"trainer\.max_steps: 600 -> 900"):
         zoom.train(run_dir, longer)
@@ -335,8 +342,54 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
         copy.deepcopy(grpo), [f"trainer.callbacks.0.init_args.temperature={default + 0.5}"]
     )
     (grpo_dir / "config.yaml").write_text(yaml.safe_dump(hotter))
-    (grpo_dir / "done").write_text(json.dumps({"seconds": 5.0}))
+    (grpo_dir / "done").touch()
+    attempt(grpo_dir, 5.0)
     changed = f"callbacks.0.init_args.temperature: {default + 0.5} -> {default}"
     with pytest.raises(SystemExit, match=re.escape(changed)):
         zoom.train(grpo_dir, grpo)
-    assert zoom.train(grpo_dir, hotter) == 5.0
+    assert zoom.train(grpo_dir, hotter) == zoom.Cost(5.0)
+
+
+def attempt(run_dir: Path, cpu_seconds: float | None, **more: object) -> None:
+    """A record as bench.grpo_runs.run_lvrl appends it (the fields the cost reads)."""
+    with (run_dir / grpo_runs.ATTEMPTS).open("a") as records:
+        records.write(json.dumps({"cpu_seconds": cpu_seconds, **more}) + "\n")
+
+
+def logged_steps(run_dir: Path, *versions: list[int]) -> None:
+    """A CSV logger's version folders, each logging ``steps``."""
+    for number, steps in enumerate(versions):
+        folder = run_dir / "csv" / f"version_{number}"
+        folder.mkdir(parents=True)
+        rows = "".join(f"{step},0.5\n" for step in steps)
+        (folder / "metrics.csv").write_text("step,train/loss\n" + rows)
+
+
+def test_a_stage_costs_the_cpu_of_its_attempts_and_charges_unmeasured_steps_at_the_measured_rate(
+    tmp_path: Path,
+) -> None:
+    """Two measured attempts add up. Attempts run before CPU time was counted (one hand-written
+    record for the first two CSV versions, up to step 600) are charged per step at the rate of
+    the measured ones: 300 s over steps 600-900 is 1 s a step, so the whole 900 steps are 900 s,
+    marked as estimated. With no measured step there is no rate: not a number, not a guess."""
+    measured = tmp_path / "measured"
+    measured.mkdir()
+    attempt(measured, 40.0)
+    attempt(measured, 2.5)
+    assert zoom.stage_cost(measured) == zoom.Cost(42.5)
+
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    attempt(legacy, None, csv_versions=2, wall_seconds=9000.0)
+    # The measured attempt resumed from the checkpoint of step 600 (a SIGTERM stop writes one).
+    logged_steps(legacy, [10, 200, 400], [410, 600], [610, 750, 900])
+    attempt(legacy, 300.0)
+    assert zoom.stage_cost(legacy) == zoom.Cost(900.0, estimated=True)
+    assert zoom.cost_cell([zoom.Cost(900.0, estimated=True), zoom.Cost(700.0)]) == "~800 ± 141"
+
+    nothing_measured = tmp_path / "nothing"
+    nothing_measured.mkdir()
+    attempt(nothing_measured, None, csv_versions=1)
+    logged_steps(nothing_measured, [10, 20])
+    cost = zoom.stage_cost(nothing_measured)
+    assert cost.estimated and cost.cpu_seconds != cost.cpu_seconds

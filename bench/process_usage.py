@@ -1,0 +1,102 @@
+"""The CPU time a command spends, with every process it starts, counted whole.
+
+A bench's "trainer seconds" measured as wall time counts the hours a run was paused (SIGSTOP) or
+shared the machine with other work. CPU time does not: a stopped process uses none, and a run
+beside other work uses about what it would alone. The kernel adds a child's CPU time, with that of
+every descendant it waited for, to the parent's ``RUSAGE_CHILDREN`` once the parent waits for it.
+One gap: a descendant that outlives the process that started it is handed to init, and its time
+(with that of everything it waited for) is lost. ``lvrl`` leaves one such process behind for a
+moment at exit: multiprocessing's fork server, the parent of every dataloader worker, which exits
+only when it sees the trainer's end. Marked a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``,
+Linux), this process adopts such orphans instead, waits for them, and their time is counted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+PR_SET_CHILD_SUBREAPER = 36
+"""From linux/prctl.h (Linux >= 3.4)."""
+
+ORPHAN_WAIT_SECONDS = 60.0
+"""How long to wait for adopted descendants to exit after the command has: a fork server exits as
+soon as it reads the end of the trainer's pipe, so a minute is far more than enough; one still
+alive after it is reported, not waited for (its time is then missing, and said to be)."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one command cost: its exit status, CPU seconds (user + system, the command and every
+    descendant that exited), wall seconds, and how many adopted descendants were still alive
+    when counting stopped (0 when the CPU figure is whole)."""
+
+    exit_status: int
+    cpu_seconds: float
+    wall_seconds: float
+    orphans_left: int = 0
+
+
+def children_cpu_seconds() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its own children; False where the kernel has no
+    such setting (not Linux), in which case their CPU time goes uncounted."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def wait_for_adopted(deadline_seconds: float) -> int:
+    """Wait for every remaining child of this process (after the command, only adopted orphans:
+    a bench runs one command at a time) until ``deadline_seconds`` pass; returns how many were
+    still alive then."""
+    deadline = time.monotonic() + deadline_seconds
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 0  # no children left
+        if pid:
+            continue
+        if time.monotonic() >= deadline:
+            return len(adopted_children())
+        time.sleep(0.05)
+
+
+def adopted_children() -> list[int]:
+    """This process's living children, read from /proc (empty where /proc is absent)."""
+    me, found = os.getpid(), []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as stat:
+                    # Fields after the parenthesised name: state, then the parent's pid.
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == me:
+                found.append(int(entry.name))
+    return found
+
+
+def run_counted(command: Sequence[str], **popen: Any) -> Usage:
+    """Run ``command`` to its end (``subprocess.run`` keyword arguments in ``popen``) and count
+    what it used, its orphans included. Meant for one command at a time: other children of this
+    process that exit meanwhile would be counted too."""
+    become_subreaper()
+    cpu_before, wall_before = children_cpu_seconds(), time.perf_counter()
+    status = subprocess.run(list(command), **popen).returncode
+    left = wait_for_adopted(ORPHAN_WAIT_SECONDS)
+    return Usage(status, children_cpu_seconds() - cpu_before, time.perf_counter() - wall_before, left)

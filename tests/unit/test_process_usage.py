@@ -1,0 +1,70 @@
+"""bench/process_usage.py: the CPU time of a command counted with every process it left behind,
+and the record bench/grpo_runs.run_lvrl keeps of each attempt."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import grpo_runs
+from bench.process_usage import Usage
+
+REPO = Path(__file__).resolve().parents[2]
+
+ORPHAN_SECONDS = 0.5
+# The command forks a child that burns ORPHAN_SECONDS of CPU after its parent has exited: the
+# shape of lvrl's fork server, which outlives the trainer for a moment.
+LEAVES_AN_ORPHAN = f"""
+import os, time
+if os.fork() == 0:
+    start = time.process_time()
+    while time.process_time() - start < {ORPHAN_SECONDS}:
+        pass
+    os._exit(0)
+os._exit(0)
+"""
+
+COUNT_IT = f"""
+import json, sys
+from bench.process_usage import run_counted
+print(json.dumps(run_counted([sys.executable, "-c", {LEAVES_AN_ORPHAN!r}]).__dict__))
+"""
+
+
+def test_an_orphans_cpu_time_is_counted_and_waited_for() -> None:
+    """Run in its own process (the counting process becomes a subreaper and waits for every
+    child it has: not something to do to pytest's). The orphan's CPU time is measured by the
+    orphan itself (``process_time``), so the count is at least that whatever the load; without
+    the subreaper it would go to init and the count would be the parent's start-up alone."""
+    counted = subprocess.run(
+        [sys.executable, "-c", COUNT_IT], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
+    )
+    usage = Usage(**json.loads(counted.stdout))
+    assert usage.exit_status == 0 and usage.orphans_left == 0
+    assert usage.cpu_seconds >= ORPHAN_SECONDS
+    assert usage.wall_seconds >= ORPHAN_SECONDS  # the count waited for the orphan to end
+
+
+def test_every_attempt_is_recorded_with_its_cost_and_a_stopped_one_ends_the_bench(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finished attempt and a stopped one (SIGTERM: exit status 143) each append their record:
+    the lvrl arguments, where the code came from, and what they used; the stopped one then ends
+    the bench with the command to continue."""
+    outcomes = iter([Usage(0, 12.5, 20.0), Usage(143, 3.0, 4.0)])
+    monkeypatch.setattr(grpo_runs, "run_counted", lambda command, **popen: next(outcomes))
+    grpo_runs.run_lvrl(tmp_path, ["fit", "--config", "c.yaml"])
+    (tmp_path / "run.log").write_text("stopped by a signal; continue with --ckpt_path last\n")
+    with pytest.raises(SystemExit, match=r"lvrl fit stopped \(exit status 143\): stopped by a signal"):
+        grpo_runs.run_lvrl(tmp_path, ["fit", "--config", "c.yaml", "--ckpt_path", "last"], append=True)
+    records = grpo_runs.attempts(tmp_path)
+    assert [(r["exit_status"], r["cpu_seconds"], r["wall_seconds"]) for r in records] == [
+        (0, 12.5, 20.0),
+        (143, 3.0, 4.0),
+    ]
+    assert records[1]["lvrl"][-2:] == ["--ckpt_path", "last"]
+    assert {"command", "commit", "machine", "date"} <= set(records[0])
