@@ -488,8 +488,22 @@ def mismatch_calibration_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def mismatch_block(root: Path) -> str:
+    """The correction bench's comparison over seeds (bench/mismatch.py's ``mismatch.md``, with where
+    it came from)."""
+    folder = root / "bench" / "results" / "mismatch_weights"
+    report = json.loads((folder / "mismatch.json").read_text())
+    table = (folder / "mismatch.md").read_text().strip()
+    return (
+        f"{table}\n\nRun by {run_line(report)}; every run's config, CSV log, rollout samples and "
+        "held-out predictions are in `bench/results/mismatch_weights/`, the rollout accuracy over "
+        "the steps in [its plot](../bench/results/mismatch_weights/rollout_accuracy.png)."
+    )
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
     "mismatch_calibration": mismatch_calibration_block,
+    "mismatch": mismatch_block,
     "rollout": rollout_block,
     "mr_sp_memory": mr_sp_memory_block,
     "mr_sp_step": mr_sp_step_block,
