@@ -501,7 +501,34 @@ def mismatch_block(root: Path) -> str:
     )
 
 
+def qwen3_bisect_block(root: Path) -> str:
+    """The Qwen3-VL demo's SFT stage at each commit of its first days, on one copy of the data
+    (bench/sft_at_commit.py's records; ``commits.txt`` gives their order, oldest first)."""
+    folder = root / "bench" / "results" / "demo-qwen3_vl" / "bisect"
+    categories = ["Temporal", "Goal and Purpose", "Spatial", "Plot"]
+    lines = [
+        "| commit | date | what it changed | " + " | ".join(categories) + " | overall |",
+        "|---|---|---|" + "---:|" * (len(categories) + 1),
+    ]
+    records = []
+    for entry in (folder / "commits.txt").read_text().splitlines():
+        commit, day, time_of_day, subject = entry.split(" ", 3)
+        record = json.loads((folder / f"{commit}.json").read_text())
+        records.append(record)
+        cells = [f"{record['accuracy'][name]['accuracy']:.1%}" for name in [*categories, "overall"]]
+        subject = subject if len(subject) <= 70 else subject[:67].rsplit(" ", 1)[0] + " ..."
+        lines.append(f"| {commit} | {day} {time_of_day} | {subject} | " + " | ".join(cells) + " |")
+    lines.append(
+        f"\nEach row by `{records[0]['command'].replace(records[0]['evaluated_commit'], 'REV')}` "
+        f"({records[0]['date']}, {records[0]['machine']['cpu']}, {records[0]['machine']['cores']} cores, "
+        "each alone on the machine; the records, with the three commands' output, are in "
+        "`bench/results/demo-qwen3_vl/bisect/`)."
+    )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "qwen3_bisect": qwen3_bisect_block,
     "mismatch_calibration": mismatch_calibration_block,
     "mismatch": mismatch_block,
     "rollout": rollout_block,
