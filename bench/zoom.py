@@ -496,6 +496,8 @@ class SeedResult:
     frames: float
     """Frames seen per test answer."""
     trainer: Cost
+    steps: int = 0
+    """Training steps the stage ran (its last logged step)."""
     requests: float = float("nan")
     span_hit: float = float("nan")
     hits: dict[str, bool] | None = None
@@ -525,7 +527,7 @@ def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> s
     """The settings side by side on ``split`` (``val``: where recipes are chosen; ``test``: the
     comparison, with the reading probe)."""
     headers = ["setting", "accuracy", "per seed", "frames / answer", "visual tokens / answer"]
-    headers += ["trainer CPU s"]
+    headers += ["training steps", "trainer CPU s"]
     headers += ["requests / answer", "span hit rate"] + (
         ["another video's frames"] if split == "test" else []
     )
@@ -541,6 +543,7 @@ def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> s
             ", ".join(f"{r.seed}: {r.accuracy[split]:.3f}" for r in seeds),
             mean_and_spread(frames, 1),
             mean_and_spread([f * tokens for f in frames], 0),
+            mean_and_spread([float(r.steps) for r in seeds], 0),
             cost_cell([r.trainer for r in seeds]),
             mean_and_spread([r.requests for r in seeds], 2),
             mean_and_spread([r.span_hit for r in seeds]),
@@ -593,6 +596,30 @@ def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
         if len(seeds) > 1:
             over = paired_seeds([r.span_hit for r in sft], [r.span_hit for r in grpo])
             lines.append(f"  over seeds: {over.line()}")
+    return lines
+
+
+def training_lines(results: dict[str, list[SeedResult]], cap: int) -> list[str]:
+    """How each SFT setting's training ended (its plateau, or ``cap`` steps), and what the dense
+    baselines cost against the tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the
+    protocol trains dense 256 to its plateau or to at least 3 times the tool path's compute."""
+
+    def mean_cpu(label: str) -> float:
+        seeds = results.get(label, [])
+        return sum(r.trainer.cpu_seconds for r in seeds) / len(seeds) if seeds else float("nan")
+
+    lines = ["\nhow each SFT setting's training ended, and its compute against the tool path:"]
+    tool_path = mean_cpu("tool SFT") + mean_cpu("tool GRPO")
+    for label, seeds in results.items():
+        if not seeds or label == "tool GRPO":
+            continue
+        capped = [r.seed for r in seeds if r.steps >= cap]
+        plateau = len(seeds) - len(capped)
+        ended = f"stopped at its plateau in {plateau} of {len(seeds)} seeds"
+        ended += f", reached the cap of {cap} steps in seeds {capped}" if capped else ""
+        ratio = mean_cpu(label) / tool_path if tool_path > 0 else float("nan")
+        share = f"; {ratio:.2f} times the tool path's CPU seconds" if label != "tool SFT" else ""
+        lines.append(f"- {label}: {ended}{share}")
     return lines
 
 
@@ -737,6 +764,7 @@ def main() -> None:
                 answered([test_dir]),
                 last(test_dir / "csv", "val/frames_per_answer") if tool else float(stage.frames or 0),
                 trained,
+                max(last_steps(run_dir / "csv"), default=0),
             )
             if tool:
                 result.requests = last(test_dir / "csv", "val/requests_per_answer")
@@ -764,6 +792,8 @@ def main() -> None:
     print("\ntest split (the comparison; nothing was chosen on it):")
     print(report(results, tokens, "test"))
     for line in comparisons(results):
+        print(line)
+    for line in training_lines(results, args.max_sft_steps):
         print(line)
     if longer and sft_answers and first_grpo:
         print(

@@ -254,6 +254,8 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
         zoom, "last_predictions", lambda eval_dir: {"synth-test-000000": right.get(eval_dir.name, True)}
     )
     monkeypatch.setattr(zoom, "span_hits", lambda eval_dir: {"synth-test-000000": "grpo" in eval_dir.name})
+    steps = {"sft-tool": [600, 650], "grpo-tool": [200], "sft-dense-48": [3000]}
+    monkeypatch.setattr(zoom, "last_steps", lambda csv_dir: steps[csv_dir.parent.name])
     argv = ["zoom.py", "--data", str(data), "--seeds", "1", "--out", str(tmp_path / "out")]
     argv += ["--stages", "sft-tool", "grpo-tool", "sft-dense-48"]
     monkeypatch.setattr("sys.argv", argv)
@@ -262,14 +264,22 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     assert trained == ["sft-tool", "grpo-tool", "sft-dense-48"]
     assert evaluated[:3] == [("sft-tool", "val"), ("sft-tool", "test"), ("sft-tool", "probe")]
     validation, test = printed.split("test split")[0], printed.split("test split")[1]
-    grpo_row = "| tool GRPO | 0.600 ± 0.000 | 1: 0.600 | 40.0 ± 0.0 | 80 ± 0 | 100 ± 0 | 1.50 ± 0.00 "
+    grpo_row = (
+        "| tool GRPO | 0.600 ± 0.000 | 1: 0.600 | 40.0 ± 0.0 | 80 ± 0 | 200 ± 0 | 100 ± 0 | 1.50 ± 0.00 "
+    )
     assert grpo_row + "| 0.500 ± 0.000 |" in validation
     assert (
-        "| dense 48 | 0.300 ± 0.000 | 1: 0.300 | 48.0 ± 0.0 | 96 ± 0 | 100 ± 0 | - | - | 0.250 ± 0.000 |"
-        in test
+        "| dense 48 | 0.300 ± 0.000 | 1: 0.300 | 48.0 ± 0.0 | 96 ± 0 | 3000 ± 0 | 100 ± 0 | - | - "
+        "| 0.250 ± 0.000 |" in test
     )
     assert "tool GRPO vs tool SFT" in test and "tool SFT vs dense 48" in test and "span hit" in test
     assert "tool GRPO 0.600 vs dense 48 0.300: met" in test
+    # Each stage trained 100 CPU seconds: the tool path (SFT + GRPO) 200.
+    assert "- tool SFT: stopped at its plateau in 1 of 1 seeds\n" in test
+    assert (
+        "- dense 48: stopped at its plateau in 0 of 1 seeds, reached the cap of 3000 steps in seeds [1]; "
+        "0.50 times the tool path's CPU seconds" in test
+    )
     # Another video's frames cost dense 48 only 5 points: it does not read, so it is no bar.
     assert "best dense baseline that reads: no dense baseline reads" in test
     with pytest.raises(SystemExit):
