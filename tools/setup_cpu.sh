@@ -24,12 +24,15 @@ pip_setting() { "$py" -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.
 # uv resolves the same versions as pip (checked: identical `pip freeze`) and installs them about
 # four times faster (parallel unpacking from its cache), most of a fresh clone's set-up time. It
 # does not read pip's configuration, so pip's find-links and constraint files are passed on.
+# --compile-bytecode as pip does: these machines set PYTHONDONTWRITEBYTECODE, so a module not
+# compiled at install is compiled again by every process that imports it (torch, transformers
+# and vLLM in each test subprocess and worker: a suite run several times slower).
 # Where uv cannot be installed (no registry), pip does the work as before.
 if "$py" -m pip install -q -c constraints/cpu.txt uv 2>&1 | quiet && [ -x "$venv/bin/uv" ]; then
   uv_args=(--python "$py" -c constraints/cpu.txt)
   for links in $(pip_setting find-links); do uv_args+=(--find-links "$links"); done
   for cap in $(pip_setting constraint); do [ -f "$cap" ] && uv_args+=(-c "$cap"); done
-  "$venv/bin/uv" pip install -q "${uv_args[@]}" -e ".[cpu,dev]"
+  "$venv/bin/uv" pip install -q --compile-bytecode "${uv_args[@]}" -e ".[cpu,dev]"
 else
   "$py" -m pip install -q -c constraints/cpu.txt -e ".[cpu,dev]" 2>&1 | quiet
 fi
