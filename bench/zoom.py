@@ -246,7 +246,8 @@ def stage_cost(run_dir: Path) -> Cost:
 def last_steps(csv_dir: Path) -> list[int]:
     """The last step each ``version_N`` attempt of a CSV logger's folder logged, in N order."""
     versions = sorted(csv_dir.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
-    return [max((int(row["step"]) for row in csv.DictReader(f.open())), default=0) for f in versions]
+    rows = [csv.DictReader(io.StringIO(version.read_text())) for version in versions]
+    return [max((int(row["step"]) for row in logged), default=0) for logged in rows]
 
 
 def summed(costs: Iterable[Cost]) -> Cost:
