@@ -166,19 +166,19 @@ def column(metrics: Path, name: str) -> list[float]:
     steps its predecessor logged after the checkpoint it resumed from; the later attempt's rows
     replace those steps."""
     if metrics.is_file():
-        return [float(row[name]) for row in _rows(metrics) if row.get(name)]
+        return [float(row[name]) for row in csv_rows(metrics) if row.get(name)]
     logs = [f for f in metrics.glob("version_*/metrics.csv*") if f.name in ("metrics.csv", "metrics.csv.gz")]
     versions = sorted(logs, key=lambda f: int(f.parent.name.split("_")[1]))
     kept: list[dict[str, str]] = []
     for attempt in reversed(versions):  # latest first: it owns every step it logged
-        rows = _rows(attempt)
+        rows = csv_rows(attempt)
         owned = {row["step"] for row in kept}
         kept = [row for row in rows if row["step"] not in owned] + kept
     kept.sort(key=lambda row: int(row["step"]))  # stable: rows of one step keep their order
     return [float(row[name]) for row in kept if row.get(name)]
 
 
-def _rows(metrics: Path) -> list[dict[str, str]]:
+def csv_rows(metrics: Path) -> list[dict[str, str]]:
     """A CSV log's rows (``metrics.csv``, or gzipped as saved results keep it)."""
     return list(csv.DictReader(io.StringIO(read_text(metrics))))
 

@@ -37,7 +37,6 @@ Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] 
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import re
@@ -57,6 +56,7 @@ from bench.grpo_runs import (
     REPO,
     attempts,
     column,
+    csv_rows,
     fit_or_resume,
     markdown,
     mean_and_spread,
@@ -246,8 +246,7 @@ def stage_cost(run_dir: Path) -> Cost:
 def last_steps(csv_dir: Path) -> list[int]:
     """The last step each ``version_N`` attempt of a CSV logger's folder logged, in N order."""
     versions = sorted(csv_dir.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
-    rows = [csv.DictReader(io.StringIO(version.read_text())) for version in versions]
-    return [max((int(row["step"]) for row in logged), default=0) for logged in rows]
+    return [max((int(row["step"]) for row in csv_rows(version)), default=0) for version in versions]
 
 
 def summed(costs: Iterable[Cost]) -> Cost:
