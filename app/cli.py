@@ -13,6 +13,7 @@ import contextlib
 import difflib
 import gc
 import importlib
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -99,7 +100,22 @@ def run_tool(argv: Sequence[str]) -> None:
             sys.exit(STOPPED_BY_SIGNAL_EXIT_CODE)
 
 
+READER_GONE_EXIT_CODE = 1
+"""Exit status of a command whose output's reader left (``lvrl --help | head``)."""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # The reader of the output has gone (`| head`): stop quietly, as other command-line
+        # tools do, and point stdout at /dev/null so that Python's own flush at exit does not
+        # raise again (the recipe of Python's documentation for SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(READER_GONE_EXIT_CODE)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     given = list(sys.argv[1:] if argv is None else argv)
     if given and given[0] in TOOL_GROUPS:
         run_tool(given)

@@ -1,9 +1,12 @@
 """The command line as a newcomer meets it, run in-process through ``app.cli.main`` with a real
 ``sys.argv``: the overview, help that shows the selected classes, short answers to typos, no
-warning on every command, and a short fit whose progress reads in a file."""
+warning on every command, and a short fit whose progress reads in a file; and, as a process
+(what a closed pipe does to it), output piped into a reader that leaves early."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import warnings
 
@@ -25,6 +28,21 @@ def run_main(monkeypatch, *argv: str) -> int:
     except SystemExit as done:
         return int(done.code or 0)
     return 0
+
+
+def test_output_piped_into_a_reader_that_left_ends_quietly() -> None:
+    """``lvrl --help | head -0``: the pipe's reader is gone before the first write."""
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        ended = subprocess.run(
+            [sys.executable, "-m", "app", "--help"],
+            cwd=REPO_ROOT, stdout=writer, stderr=subprocess.PIPE, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(writer)
+    assert ended.returncode == 1, ended.stderr
+    assert ended.stderr == ""  # no BrokenPipeError traceback, no "Exception ignored" at exit
 
 
 def test_overview_lists_every_command(monkeypatch, capsys) -> None:
