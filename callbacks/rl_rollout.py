@@ -107,7 +107,9 @@ class RolloutCallback(Callback):
             ``{max_calls, frames_per_call, frames_per_episode, default_fps}`` (defaults 3, 16,
             32, 1.0). Frames are decoded from each sample's video (``data.init_args.
             tool_use: true``) at the data's pixel budget; ``max_new_tokens`` bounds each
-            turn. Logged under ``tool/``. null: single-turn rollouts.
+            turn. Logged under ``tool/`` (where the data names the stretch that holds each
+            answer, also ``tool/span_hit_rate`` and ``tool/span_coverage``:
+            :mod:`core.tool_use.spans`). null: single-turn rollouts.
 
     Guardrails (:mod:`rollout.guardrails`), always on: the engine never samples the vision
     placeholders and markers, and a completion holding another special token the chat template

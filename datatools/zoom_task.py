@@ -61,7 +61,7 @@ red."), and ``extra["tool_trace"]``, an episode of frame requests (:data:`TRACE_
 A turn is ``<think>...</think>`` then the request in the tool's syntax; a reading gives each marker
 at the time of the frame it is seen in. The ground truth stays in ``extra["zoom"]``, and the
 answer's stretch in ``extra["relevant_span_s"]`` (what evaluations measure requests against:
-:mod:`evaluation.spans`).
+:mod:`core.tool_use.spans`).
 
 Why the markers are looked up by colour: a trace that listed them in time order ("Markers: red
 small at 00:35, green large at 00:41.") taught sizes, times and counts but no colour in 2,400

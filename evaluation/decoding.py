@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 
 from core.tool_use.requests import FrameBudget
-from evaluation.spans import where_it_looked
+from core.tool_use.spans import where_it_looked
 from families import ModelFamily
 from rollout.base import RolloutRequest, SamplingConfig
 from rollout.episodes import FrameTool, episode_rollouts, frame_sources, given_turns_of

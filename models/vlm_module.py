@@ -136,7 +136,7 @@ class VLMModule(L.LightningModule):
             ``tool_use: true``. Logs ``val/requests_per_answer`` and ``val/frames_per_answer``
             (the overview's frames plus those served) and, where the data names the stretch that
             holds each answer, ``val/span_coverage`` and ``val/span_hit_rate``
-            (:mod:`evaluation.spans`). None: single-turn answers.
+            (:mod:`core.tool_use.spans`). None: single-turn answers.
         vision_patches_per_pass: the vision tower encodes at most this many patches at a time
             (whole temporal patches), bounding its working set (for a 7B run at 4,096 frames the
             planner's arithmetic gives 6.5 GiB a GPU for 131,072 patches at once: ``lvrl plan``);

@@ -38,6 +38,7 @@ from core.tool_use.requests import (
     request_body,
     served_text,
 )
+from core.tool_use.spans import HIT_COVERAGE, Span, coverage
 from core.video import VideoEncoder
 from families import ModelFamily
 from rollout.base import Completion, RolloutEngine, RolloutRequest, SamplingConfig, TurnRequest
@@ -146,6 +147,12 @@ class EpisodeStats:
     """Episodes whose last turn was still a request when the turns ran out."""
     cache_hits: int = 0
     encoded_frames: int = 0
+    located: int = 0
+    """Episodes whose data names the stretch that holds the answer (the zoom task's rows do)."""
+    span_hits: int = 0
+    """Of those, the episodes whose served spans cover at least half of it (:mod:`core.tool_use.spans`)."""
+    span_coverage: float = 0.0
+    """Of those, the sum of the shares of it that their served spans cover."""
 
     def metrics(self) -> dict[str, float]:
         per_episode = max(1, self.episodes)
@@ -156,6 +163,9 @@ class EpisodeStats:
             "tool/segment_cache_hits": float(self.cache_hits),
             "tool/encoded_frames": float(self.encoded_frames),
         }
+        if self.located:  # where the model looked, the choice RL should improve
+            out["tool/span_hit_rate"] = self.span_hits / self.located
+            out["tool/span_coverage"] = self.span_coverage / self.located
         out.update(
             {f"tool/rejected_{reason}": float(count) for reason, count in sorted(self.rejected.items())}
         )
@@ -176,6 +186,9 @@ def merged_tool_stats(parts: Sequence[EpisodeStats | None]) -> EpisodeStats | No
         merged.unanswered += part.unanswered
         merged.cache_hits += part.cache_hits
         merged.encoded_frames += part.encoded_frames
+        merged.located += part.located
+        merged.span_hits += part.span_hits
+        merged.span_coverage += part.span_coverage
     return merged
 
 
@@ -321,9 +334,14 @@ def episode_rollouts(
     tool: FrameTool,
     share: Share = alone,
     given_turns: Sequence[list[int] | None] | None = None,
+    relevant_spans: Sequence[Span | None] | None = None,
 ) -> EpisodeRollouts:
-    """:func:`run_episodes`, with each episode summarised for the rewards."""
+    """:func:`run_episodes`, with each episode summarised for the rewards; with
+    ``relevant_spans`` (per request, the stretch that holds its answer, or None where the data
+    does not say), the stats also count where the episodes looked."""
     groups, stats = run_episodes(engine, requests, videos, sampling, tool, share, given_turns)
+    if relevant_spans is not None:
+        count_where_they_looked(stats, groups, relevant_spans)
     tokenizer = tool.processor.tokenizer
     call_close = tokenizer.convert_tokens_to_ids(CALL_CLOSE)
     completions, counts = [], []
@@ -340,3 +358,18 @@ def episode_rollouts(
         )
         counts.append(episode.replies + int(ends_with_request(episode, call_close)))
     return EpisodeRollouts(groups, completions, counts, stats)
+
+
+def count_where_they_looked(
+    stats: EpisodeStats, groups: Sequence[Sequence[Episode]], relevant_spans: Sequence[Span | None]
+) -> None:
+    """Add to ``stats`` the span hits and coverage of each group's episodes against its request's
+    relevant stretch (groups without one are not counted)."""
+    for group, relevant in zip(groups, relevant_spans, strict=True):
+        if relevant is None:
+            continue
+        for episode in group:
+            share = coverage(episode.served_spans, relevant)
+            stats.located += 1
+            stats.span_hits += share >= HIT_COVERAGE
+            stats.span_coverage += share

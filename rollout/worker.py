@@ -133,9 +133,10 @@ class RolloutWorker:
         share = alone if shard is None else functools.partial(share_out, group=shard.rollout_group)
         sources = frame_sources(meta)
         given = given_turns_of(meta, self.module.processor.tokenizer)
+        relevant = [sample.get("relevant_span_s") for sample in meta]
         tool = self.tool
         return self._on_engine(
-            lambda engine: episode_rollouts(engine, requests, sources, sampling, tool, share, given)
+            lambda engine: episode_rollouts(engine, requests, sources, sampling, tool, share, given, relevant)
         )
 
     def score(self, prompts: PromptBatch, round_index: int = 0) -> RolloutBatch:

@@ -41,6 +41,15 @@ class Episodes(L.Callback):
         self.batch_keys.append(set(batch))
 
 
+class EveryAnswerInTheFirstSecond(L.Callback):
+    """Names the stretch that holds each answer in the batch's rows, as the zoom task's rows do
+    (the synthetic task's name none); runs before the rollout callback."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        for row in batch["meta"]:
+            row["relevant_span_s"] = (0.0, 1.0)
+
+
 @pytest.fixture(scope="module")
 def asking_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     return save_biased_model(tiny_model_dir, tmp_path_factory.mktemp("asking") / "model", "</tool_call>")
@@ -57,8 +66,9 @@ def fit(model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, tool_u
         tool_use=TOOL_USE,
     )
     episodes = Episodes()
+    callbacks = [EveryAnswerInTheFirstSecond(), rollout, episodes]
     trainer = fit_tiny_grpo(
-        module, model_dir, synth_dir, tmp_path, steps=2, callbacks=[rollout, episodes], tool_use=tool_use
+        module, model_dir, synth_dir, tmp_path, steps=2, callbacks=callbacks, tool_use=tool_use
     )
     trainer.episodes = episodes  # type: ignore[attr-defined]
     return trainer
@@ -83,6 +93,9 @@ def test_tool_use_episodes_train_through_lightning(
         and float(metrics["tool/rejected_too_many_calls"]) == 6
     )
     assert float(metrics["tool/unanswered_fraction"]) == 1.0
+    # Where the rows name the answer's stretch, each step says how much of it the episodes saw:
+    # nothing, having been served no frame.
+    assert float(metrics["tool/span_hit_rate"]) == 0.0 and float(metrics["tool/span_coverage"]) == 0.0
     # RL batches are collated for RL: prompts and their videos, then the rollouts; no
     # teacher-forcing layout, no trace frames decoded.
     for keys in trainer.episodes.batch_keys:  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from helpers.episode_helpers import ScriptedEngine, video_prompt
 from core.tool_use.requests import CALL_CLOSE, MALFORMED, TOO_MANY_CALLS, FrameBudget
 from models.vision import encode_videos
 from rollout.base import SamplingConfig
-from rollout.episodes import run_episodes
+from rollout.episodes import episode_rollouts, merged_tool_stats, run_episodes
 
 BUDGET = FrameBudget(max_calls=1, frames_per_call=4, frames_per_episode=4)
 
@@ -235,3 +235,28 @@ def test_a_given_turn_is_served_and_the_model_writes_what_follows(prompt) -> Non
         run_episodes(
             engine, requests[:1], sources[:1], sampling, prompt.tool(BUDGET), given_turns=[given[:-1]]
         )
+
+
+def test_each_step_counts_where_its_episodes_looked(prompt) -> None:
+    """``tool/span_hit_rate`` and ``tool/span_coverage`` against the stretch the data names:
+    an episode served 1-5 s covers 3/4 of 2-6 s (a hit: at least half); one that asked nothing
+    covers none. Requests whose data names no stretch are not counted."""
+    answer = prompt.ids("<think>seen</think><answer>B</answer><|im_end|>")
+    scripts = [[prompt.request_ids(1, 5), answer], [answer]]
+    sampling = SamplingConfig(n=2, max_new_tokens=64, seed=3)
+
+    def play(relevant: tuple[float, float] | None):
+        return episode_rollouts(
+            ScriptedEngine(scripts), [prompt.request()], [prompt.source], sampling, prompt.tool(BUDGET),
+            relevant_spans=[relevant],
+        ).stats  # fmt: skip
+
+    located = play((2.0, 6.0))
+    assert (located.located, located.span_hits, located.span_coverage) == (2, 1, 0.75)
+    metrics = located.metrics()
+    assert metrics["tool/span_hit_rate"] == 0.5 and metrics["tool/span_coverage"] == 0.375
+    unknown = play(None)
+    assert unknown.located == 0 and "tool/span_hit_rate" not in unknown.metrics()
+    both = merged_tool_stats([located, unknown])
+    assert both is not None and (both.episodes, both.located, both.span_hits) == (4, 2, 1)
+    assert both.metrics()["tool/span_hit_rate"] == 0.5

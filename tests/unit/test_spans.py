@@ -8,8 +8,8 @@ import math
 import pytest
 
 from core.tool_use.requests import FramePlan
+from core.tool_use.spans import HIT_COVERAGE, coverage, hits, where_it_looked
 from datamodules.rows import QARow
-from evaluation.spans import HIT_COVERAGE, coverage, hits, where_it_looked
 
 BLUE = (32.0, 48.0)  # the zoom task's stretch 2 of 16 s
 

@@ -4,7 +4,8 @@ video that holds the answer (when the data knows it, as the zoom task does).
 A served span is the stretch its frames sample (:attr:`core.tool_use.requests.FramePlan.span`). An
 answer's **coverage** is the share of the relevant stretch that the union of its served spans
 covers (0 without a request); it **hits** the stretch when that share is at least
-:data:`HIT_COVERAGE`. Both are reported per evaluation beside accuracy, frames and requests.
+:data:`HIT_COVERAGE`. Both are reported per evaluation beside accuracy, frames and requests, and
+for the episodes of each RL step (``tool/span_hit_rate``, ``tool/span_coverage``).
 """
 
 from __future__ import annotations
