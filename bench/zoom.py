@@ -10,7 +10,9 @@ Per seed, from one small model built for the task (a seed sets the data order an
   frames that show every marker as a whole temporal patch) and **dense 256**, on the direct CoT
   targets (``sft_dense.yaml``);
 - **oracle crop**: the overview and the right stretch given (the request of the oracle traces,
-  ``lvrl data zoom --trace-requests oracle``, written for the model: ``data.tool_given_request``).
+  ``lvrl data zoom --trace-requests oracle``, written for the model: ``data.tool_given_request``),
+  on a copy of the random build with the oracle traces (``bench/zoom_oracle_data.py``: the same
+  video bytes as every other setting).
 
 Every SFT stage trains until its validation loss plateaus (checked every ``PLATEAU_EVERY`` steps
 on ``PLATEAU_BATCHES`` validation batches, loss only; stopped after ``PLATEAU_PATIENCE`` checks
@@ -52,6 +54,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.report import last_predictions, last_records, paired_comparison
+from bench import zoom_oracle_data
 from bench.grpo_runs import (
     REPO,
     attempts,
@@ -719,11 +722,13 @@ def main() -> None:
         parser.error("--stages: grpo-tool starts from sft-tool's export")
     out, data, oracle_data = Path(args.out), args.data, args.oracle_data
     stages = [stage for stage in STAGES if stage.folder in args.stages]
-    for folder, traces in ((data, "random"), (oracle_data, "oracle")):
-        needed = traces == "random" or any(stage.oracle for stage in stages)
-        if needed and not (Path(folder) / "dataset.json").exists():
-            command = ["data", "zoom", "--out", folder, "--trace-requests", traces]
-            run_lvrl(out, command, log_name=f"data-{traces}.log")
+    if not (Path(data) / "dataset.json").exists():
+        run_lvrl(
+            out, ["data", "zoom", "--out", data, "--trace-requests", "random"], log_name="data-random.log"
+        )
+    if any(stage.oracle for stage in stages) and not (Path(oracle_data) / "dataset.json").exists():
+        # The random build's videos with oracle traces: the oracle crop sees the same pixels.
+        zoom_oracle_data.build(Path(data), Path(oracle_data), out)
     model = out / "model-small"
     # --reuse keeps the model the folder's finished stages were trained from and refuses one of
     # another family: mixing them would compare runs of two different models.
