@@ -361,12 +361,7 @@ def swapped_videos(data: Path, split: str, out: Path) -> Path:
         return out
     members: dict[str, dict[str, bytes]] = {}
     for shard in sorted(data.glob(f"{split}-*.tar")):
-        with tarfile.open(shard) as tar:
-            for member in tar.getmembers():
-                key, _, extension = member.name.rpartition(".")
-                reader = tar.extractfile(member)
-                if reader is not None:
-                    members.setdefault(key, {})[extension] = reader.read()
+        members.update(zoom_oracle_data.shard_members(shard))
     keys = sorted(members)
     if len(keys) < 2:
         raise ValueError(f"{data}: the probe swaps videos between questions, {split} has {len(keys)}")
