@@ -39,11 +39,9 @@ Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import sys
-import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,15 +364,10 @@ def swapped_videos(data: Path, split: str, out: Path) -> Path:
     if len(keys) < 2:
         raise ValueError(f"{data}: the probe swaps videos between questions, {split} has {len(keys)}")
     out.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".partial")
-    with tarfile.open(partial, "w") as tar:
-        for index, key in enumerate(keys):
-            files = dict(members[key], mp4=members[keys[(index + 1) % len(keys)]]["mp4"])
-            for extension, payload in sorted(files.items()):
-                info = tarfile.TarInfo(f"{key}.{extension}")
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-    partial.rename(target)
+    swapped = {
+        key: dict(members[key], mp4=members[keys[(i + 1) % len(keys)]]["mp4"]) for i, key in enumerate(keys)
+    }
+    zoom_oracle_data.write_members(target, swapped)
     return out
 
 

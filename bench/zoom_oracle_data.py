@@ -67,6 +67,19 @@ def shard_members(shard: Path) -> dict[str, dict[str, bytes]]:
     return members
 
 
+def write_members(target: Path, members: dict[str, dict[str, bytes]]) -> None:
+    """A shard at ``target`` of ``key -> extension -> bytes`` samples, in order, written whole
+    (to a ``.partial`` file first, renamed when complete)."""
+    partial = target.with_name(target.name + ".partial")
+    with tarfile.open(partial, "w") as tar:
+        for key, files in members.items():
+            for extension, payload in sorted(files.items()):
+                info = tarfile.TarInfo(f"{key}.{extension}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    partial.rename(target)
+
+
 def without_trace(row: dict[str, Any]) -> dict[str, Any]:
     """The row without its tool trace (a key of the row as written; ``extra.tool_trace`` once read)."""
     return {key: value for key, value in row.items() if key != "tool_trace"}
@@ -86,18 +99,13 @@ def compose(random_data: Path, oracle_rows: Path, out: Path) -> int:
         videos, rows = shard_members(shard), shard_members(oracle_rows / shard.name)
         if list(videos) != list(rows):
             raise ValueError(f"{shard.name}: the oracle render holds other samples than the random build")
-        partial = out / f"{shard.name}.partial"
-        with tarfile.open(partial, "w") as tar:
-            for key, files in videos.items():
-                oracle = rows[key]
-                if without_trace(json.loads(files["json"])) != without_trace(json.loads(oracle["json"])):
-                    raise ValueError(f"{key}: the oracle render's row differs beyond its trace")
-                for extension, payload in sorted({**files, "json": oracle["json"]}.items()):
-                    info = tarfile.TarInfo(f"{key}.{extension}")
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
-                count += 1
-        partial.rename(out / shard.name)
+        for key, files in videos.items():
+            if without_trace(json.loads(files["json"])) != without_trace(json.loads(rows[key]["json"])):
+                raise ValueError(f"{key}: the oracle render's row differs beyond its trace")
+        write_members(
+            out / shard.name, {key: {**files, "json": rows[key]["json"]} for key, files in videos.items()}
+        )
+        count += len(videos)
     (out / "dataset.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return count
 
