@@ -4,7 +4,8 @@ look, learned: the protocol and its target").
 Per seed, from one small model built for the task (a seed sets the data order and the sampling):
 
 - **tool SFT** on the random traces (``configs/zoom/sft_tool.yaml``: a 16-frame overview, up to
-  two requests of 16 frames) and **tool GRPO** from its export (``grpo_tool.yaml``; rewarded for
+  two requests of 16 frames; with ``--given-oracle-share``, that share of the training rows given
+  the oracle request, untrained, and read) and **tool GRPO** from its export (``grpo_tool.yaml``; rewarded for
   the answers, never for the span);
 - **dense 48** (the tool's budget, trained at 48 uniform frames), **dense 128** (the fewest uniform
   frames that show every marker as a whole temporal patch) and **dense 256**, on the direct CoT
@@ -32,6 +33,7 @@ stage whose folder ran another recipe (its ``config.yaml`` differs from what thi
 train, apart from where files live) stops the bench with the keys that differ.
 
 Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] [--seeds 0 1 2]
+       [--given-oracle-share 0.5]
        [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--grpo-steps 200]
        [--longer-grpo 300 400] [--grpo-set data.init_args.batch_size=16 ...] [--stages ...]
 """
@@ -662,6 +664,14 @@ def main() -> None:
         default="data/zoom-oracle",
         help="the same task with oracle traces, for the oracle crop (built if missing: the same videos)",
     )
+    parser.add_argument(
+        "--given-oracle-share",
+        type=float,
+        default=0.0,
+        help="build --data with this share of training rows given the oracle request (lvrl data zoom "
+        "--given-oracle-share: the tool SFT then learns to read the right stretch without a request to "
+        "imitate); an existing --data must have been built with it",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/zoom-bench")
     parser.add_argument(
@@ -710,9 +720,16 @@ def main() -> None:
         parser.error("--stages: grpo-tool starts from sft-tool's export")
     out, data, oracle_data = Path(args.out), args.data, args.oracle_data
     stages = [stage for stage in STAGES if stage.folder in args.stages]
-    if not (Path(data) / "dataset.json").exists():
-        run_lvrl(
-            out, ["data", "zoom", "--out", data, "--trace-requests", "random"], log_name="data-random.log"
+    manifest = Path(data) / "dataset.json"
+    if not manifest.exists():
+        share = ["--given-oracle-share", str(args.given_oracle_share)]
+        build_data = ["data", "zoom", "--out", data, "--trace-requests", "random", *share]
+        run_lvrl(out, build_data, log_name="data-random.log")
+    built_share = json.loads(manifest.read_text())["config"].get("given_oracle_share", 0.0)
+    if built_share != args.given_oracle_share:
+        parser.error(
+            f"{data} gives {built_share} of its training rows the oracle request, "
+            f"not --given-oracle-share {args.given_oracle_share}"
         )
     if any(stage.oracle for stage in stages) and not (Path(oracle_data) / "dataset.json").exists():
         # The random build's videos with oracle traces: the oracle crop sees the same pixels.

@@ -91,7 +91,9 @@ def compose(random_data: Path, oracle_rows: Path, out: Path) -> int:
     but the trace, and shards whose keys differ."""
     manifest = json.loads((oracle_rows / "dataset.json").read_text())
     random_config = json.loads((random_data / "dataset.json").read_text())["config"]
-    if {**manifest["config"], "trace_requests": "random"} != random_config:
+    # The traces may differ (the random build may give some rows the oracle request); nothing else.
+    traces = {"trace_requests": "random", "given_oracle_share": random_config.get("given_oracle_share", 0.0)}
+    if {**manifest["config"], **traces} != random_config:
         raise ValueError("the oracle render's settings differ from the random build's beyond its traces")
     out.mkdir(parents=True, exist_ok=True)
     count = 0

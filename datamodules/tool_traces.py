@@ -6,7 +6,9 @@ the replies show, and its ``answer`` (the row's when absent). The target taught 
 episode, as a rollout would play it: each turn (ending with its request), the tool's reply with
 the requested frames decoded from the sample's video (tokenised and placed exactly as
 :mod:`rollout.episodes` does, so SFT and RL see the same layout; read, not trained), then the last
-turn with the answer.
+turn with the answer. A first turn given with the question (every trace's, with
+:attr:`ToolTraces.given_first_turn`, or a trace marked ``first_turn_given``) is in the target but
+not trained.
 
 A trace the tool could not serve (its request is rejected, or the video cannot be read there)
 is not taught: the row falls back to its direct target (reasoning and answer), with a warning
@@ -48,8 +50,11 @@ class ToolTraces:
     factor: int
     budget: FrameBudget = field(default_factory=FrameBudget)
     given_first_turn: bool = False
-    """The trace's first turn (its first request) is given with the question, not the model's:
-    in the target but not trained, and written for the model in episodes (``meta["given_turn"]``)."""
+    """Every trace's first turn (its first request) is given with the question, not the model's:
+    in the target but not trained, and written for the model in episodes (``meta["given_turn"]``).
+    A trace marked ``first_turn_given`` has its first turn untrained whatever this says; episodes
+    give a turn only when this is set (a row's mark is a teaching device of CoT-SFT, so an RL or
+    validation episode of that row still starts from the question alone)."""
 
 
 def given_turn(sample: VideoQASample, settings: ToolTraces | None) -> str | None:
@@ -170,7 +175,9 @@ def trace_target(
             assert reply.second_per_grid is not None
             asked = list(tokenizer(turn, add_special_tokens=False)["input_ids"])
             token_ids += asked + reply.token_ids
-            learned = not (index == 0 and settings.given_first_turn)
+            learned = not (
+                index == 0 and (settings.given_first_turn or trace.get("first_turn_given") is True)
+            )
             trained += [learned] * len(asked) + [False] * len(reply.token_ids)
             slots += [False] * len(asked) + reply.video_slots
             pixels.append(reply.pixel_values_videos)

@@ -58,6 +58,13 @@ red."), and ``extra["tool_trace"]``, an episode of frame requests (:data:`TRACE_
 - ``oracle``: one turn that locates the stretch from the ground truth and asks for exactly it
   (what the first version of the task taught: RL then only trains the reading).
 
+With ``random`` traces, ``given_oracle_share`` turns that share of the training rows into the
+oracle request *given* with the question (``first_turn_given``: the request is context, written
+for the model, never a target) and the reading of the blue stretch: random traces find the
+stretch in about a quarter of the rows (two requests among eight stretches), and a model
+trained on them alone did not learn to read it; given rows teach the reading without teaching
+which request finds it.
+
 A turn is ``<think>...</think>`` then the request in the tool's syntax; a reading gives each marker
 at the time of the frame it is seen in. The ground truth stays in ``extra["zoom"]``, and the
 answer's stretch in ``extra["relevant_span_s"]`` (what evaluations measure requests against:
@@ -156,6 +163,12 @@ class ZoomConfig:
             the module docstring): ``random`` stretches, or the ``oracle`` one.
         trace_calls: most requests of a ``random`` trace (a tool budget's ``max_calls`` must
             allow them).
+        given_oracle_share: with ``random`` traces, the share of training rows (drawn from a
+            stream of their own, so every other row keeps the trace a plain random build
+            writes) whose trace is instead the oracle request *given* with the question
+            (``first_turn_given``: CoT-SFT puts it in the target without training it) followed
+            by the reading of the blue stretch. Such a row teaches reading the right frames and
+            never the request that found them. Validation and test rows are never given one.
     """
 
     num_frames: int = 1024
@@ -170,6 +183,7 @@ class ZoomConfig:
     listed_times: str = "clock"
     trace_requests: str = "random"
     trace_calls: int = 2
+    given_oracle_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.listed_times not in LISTED_TIMES:
@@ -178,6 +192,10 @@ class ZoomConfig:
             raise ValueError(f"trace_requests must be one of {TRACE_REQUESTS}, got {self.trace_requests!r}")
         if not 1 <= self.trace_calls <= self.slots:
             raise ValueError(f"trace_calls must be between 1 and slots={self.slots}, got {self.trace_calls}")
+        if not 0.0 <= self.given_oracle_share <= 1.0:
+            raise ValueError(f"given_oracle_share must be in [0, 1], got {self.given_oracle_share}")
+        if self.given_oracle_share and self.trace_requests != "random":
+            raise ValueError("given_oracle_share mixes given oracle requests into random traces only")
         if self.size < 28 or self.size % 2:
             raise ValueError("size must be even and >= 28")
         if not (math.isfinite(self.fps) and self.fps > 0 and self.request_fps > 0):
@@ -365,8 +383,10 @@ def tool_trace(
     answer: str,
 ) -> dict[str, Any]:
     """The row's tool trace (see the module docstring): ``turns`` (each ending with a request),
-    ``final_reasoning``, the last turn's ``answer`` and the ``requests`` made."""
-    if config.trace_requests == "oracle":
+    ``final_reasoning``, the last turn's ``answer`` and the ``requests`` made; ``first_turn_given``
+    on a row given the oracle request (:attr:`ZoomConfig.given_oracle_share`)."""
+    given = is_given_oracle(config, split, index)
+    if config.trace_requests == "oracle" or given:
         start_s, end_s = slot_span(config, landmark)
         located = f"The blue stretch runs from {format_timestamp(start_s)} to {format_timestamp(end_s)}."
         slots, found = [landmark], True
@@ -385,13 +405,16 @@ def tool_trace(
     if found:
         # What the requested frames show (a marker at the time of the frame it is seen in).
         reading = _reading(config, category, markers, request_frames(config, landmark))
+        # A given request is read as the model's own blue reply would be (the random traces' words).
         final = reading if config.trace_requests == "oracle" else f"{FOUND} {reading}"
     else:
         guess = trace_rng(config, split, index).spawn(1)[0]
         options = question_of(category, markers)[0]
         final, answer = f"{GREY_REPLY} {NOT_FOUND}", OPTION_LETTERS[int(guess.integers(len(options)))]
+    given_key = {"first_turn_given": True} if given else {}
     return {
         "kind": config.trace_requests,
+        **given_key,
         "turns": turns,
         "final_reasoning": final,
         "answer": answer,
@@ -407,6 +430,15 @@ def request_text(start_s: float, end_s: float, fps: float) -> str:
     rate: float | int = int(fps) if float(fps).is_integer() else fps
     arguments = {"start": format_timestamp(start_s), "end": format_timestamp(end_s), "fps": rate}
     return f"{CALL_OPEN}\n{json.dumps({'name': TOOL_NAME, 'arguments': arguments})}\n{CALL_CLOSE}"
+
+
+def is_given_oracle(config: ZoomConfig, split: str, index: int) -> bool:
+    """Whether the row's trace is the given oracle request (:attr:`ZoomConfig.given_oracle_share`),
+    drawn from its own stream (the leading 3): the rows not chosen keep their random traces."""
+    if split != "train" or not config.given_oracle_share:
+        return False
+    draw = np.random.default_rng((3, config.seed, SPLITS.index(split), index)).random()
+    return bool(draw < config.given_oracle_share)
 
 
 def make_row(config: ZoomConfig, split: str, index: int) -> tuple[QARow, np.random.Generator, list[Marker]]:

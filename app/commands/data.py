@@ -200,6 +200,14 @@ def _register_zoom(commands: argparse._SubParsersAction) -> None:
         default=defaults.trace_calls,
         help="most requests of a random trace (the tool budget's max_calls must allow them)",
     )
+    zoom.add_argument(
+        "--given-oracle-share",
+        type=float,
+        default=defaults.given_oracle_share,
+        help="with random traces, the share of training rows whose trace is the oracle request given "
+        "with the question (not trained) and the reading of the blue stretch: reading taught without "
+        "a request to imitate",
+    )
     zoom.add_argument("--samples-per-shard", type=_positive_int, default=256, help="samples per tar shard")
     zoom.add_argument("--workers", type=_positive_int, default=1, help="rendering processes (same output)")
     zoom.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
@@ -459,6 +467,7 @@ def run_zoom(args: argparse.Namespace) -> None:
             listed_times=args.listed_times,
             trace_requests=args.trace_requests,
             trace_calls=args.trace_calls,
+            given_oracle_share=args.given_oracle_share,
         )
     except ValueError as err:
         raise SystemExit(f"lvrl data zoom: error: {err}") from err

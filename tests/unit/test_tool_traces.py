@@ -197,6 +197,35 @@ def test_a_given_first_turn_is_in_the_row_but_not_trained(tmp_path: Path, family
         )
 
 
+def test_a_trace_marked_given_has_its_first_turn_untrained_but_episodes_start_from_the_question(
+    tmp_path: Path, family_model_dir
+) -> None:
+    # The mixed recipe (lvrl data zoom --given-oracle-share): the mark teaches reading the right
+    # stretch in CoT-SFT without the request; an episode of that row still asks on its own.
+    out = tmp_path / "mixed"
+    config = ZoomConfig(given_oracle_share=1.0)
+    write_shards(encoded_samples(config, "train", 2, encode=zoom_sample), out, "train")
+    model_dir = family_model_dir("qwen3_vl")
+    processor = AutoProcessor.from_pretrained(model_dir)
+    family = family_of(load_model(model_dir).config)
+    stream = VideoQAStream(
+        resolve_shards(str(out / "train-*.tar")), num_frames=16, max_pixels=MAX_PIXELS, keep_video_bytes=True
+    )
+    samples = list(stream)
+    batch = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 32))(samples)
+    tokenizer = processor.tokenizer
+    for row, sample in enumerate(samples):
+        (turn,) = trace_turns(sample.row.extra["tool_trace"])
+        assert sample.row.extra["tool_trace"]["first_turn_given"] is True
+        assert batch["meta"][row]["given_turn"] is None
+        start = len(batch["prompts"][row])
+        asked = len(tokenizer(turn, add_special_tokens=False)["input_ids"])
+        assert (batch["labels"][row, start : start + asked] == IGNORE_INDEX).all()
+        reading = batch["labels"][row, start + asked :]
+        taught = tokenizer.decode(reading[reading != IGNORE_INDEX])
+        assert taught.startswith("<think>These frames are the blue stretch.") and "<answer>" in taught
+
+
 def test_a_given_request_needs_tool_use() -> None:
     from datamodules.longvideo_reason import LongVideoReasonDataModule
 

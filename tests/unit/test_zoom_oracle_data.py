@@ -74,3 +74,17 @@ def test_a_render_with_other_settings_is_refused(builds, tmp_path: Path) -> None
     (other / "dataset.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="settings differ"):
         compose(random, other, tmp_path / "oracle")
+
+
+def test_a_random_build_with_given_oracle_rows_is_copied_too(builds, tmp_path: Path) -> None:
+    # Its share of given rows is a trace setting: its oracle copy is the plain build's, byte for byte.
+    plain, rows = builds
+    mixed = tmp_path / "mixed"
+    run_lvrl(
+        "data", "zoom", "--out", str(mixed), *TINY, "--samples-per-shard", "2", "--given-oracle-share", "1"
+    )
+    assert compose(mixed, rows, tmp_path / "from-mixed") == compose(plain, rows, tmp_path / "from-plain") == 6
+    for shard in plain.glob("*.tar"):
+        assert (tmp_path / "from-mixed" / shard.name).read_bytes() == (
+            tmp_path / "from-plain" / shard.name
+        ).read_bytes()

@@ -23,6 +23,7 @@ from datatools.zoom_task import (
     Marker,
     ZoomConfig,
     encode_sample,
+    is_given_oracle,
     make_row,
     marker_box,
     question_of,
@@ -112,6 +113,36 @@ def test_a_random_trace_stays_within_a_budget_of_two_calls_of_16_frames(rows) ->
         for turn in row.extra["tool_trace"]["turns"]:
             state.serve(request_body(turn), source_fps=CONFIG.fps, num_frames=CONFIG.num_frames)
         assert state.frames == 16 * len(row.extra["tool_trace"]["turns"])
+
+
+def test_a_given_oracle_share_gives_the_right_request_to_that_share_of_training_rows_only(rows) -> None:
+    mixed = ZoomConfig(given_oracle_share=0.5)
+    given = 0
+    for index, row in enumerate(rows):
+        trace = make_row(mixed, "train", index)[0].extra["tool_trace"]
+        if not is_given_oracle(mixed, "train", index):
+            assert trace == row.extra["tool_trace"]  # the plain random build's trace, unchanged
+            continue
+        given += 1
+        landmark = row.extra["zoom"]["landmark_slot"]
+        assert trace["first_turn_given"] is True and requested_slots(make_row(mixed, "train", index)[0]) == [
+            landmark
+        ]
+        # Read as the model's own blue reply would be, and answered right.
+        assert trace["final_reasoning"] == f"{FOUND} " + served_markers(
+            CONFIG, row, request_frames(CONFIG, landmark)
+        )
+        assert trace["answer"] == row.answer
+    assert 70 <= given <= 130  # 200 draws of 1 in 2 (100 expected; the seed fixes the count)
+    for split in ("val", "test"):  # what is validated and reported is never given a request
+        assert not any(is_given_oracle(mixed, split, i) for i in range(200))
+        assert "first_turn_given" not in make_row(mixed, split, 0)[0].extra["tool_trace"]
+    assert not any(is_given_oracle(ZoomConfig(given_oracle_share=0.0), "train", i) for i in range(200))
+    assert all(is_given_oracle(ZoomConfig(given_oracle_share=1.0), "train", i) for i in range(200))
+    with pytest.raises(ValueError, match="random traces only"):
+        ZoomConfig(trace_requests="oracle", given_oracle_share=0.5)
+    with pytest.raises(ValueError, match=r"given_oracle_share must be in \[0, 1\]"):
+        ZoomConfig(given_oracle_share=1.5)
 
 
 def test_answers_follow_the_ground_truth(rows) -> None:
