@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -165,19 +166,26 @@ def test_a_trace_the_budget_refuses_is_not_taught(collated: dict, caplog: pytest
     assert "target_pixel_values_videos" not in batch
 
 
+def zoom_samples(config: ZoomConfig, split: str, tmp_path: Path, family_model_dir) -> tuple[Any, Any, list]:
+    """Two zoom samples of ``split`` rendered with ``config``, read back with their videos'
+    bytes, and the Qwen3-VL processor and family that collate them."""
+    out = tmp_path / "zoom"
+    write_shards(encoded_samples(config, split, 2, encode=zoom_sample), out, split)
+    model_dir = family_model_dir("qwen3_vl")
+    stream = VideoQAStream(
+        resolve_shards(str(out / f"{split}-*.tar")),
+        num_frames=16,
+        max_pixels=MAX_PIXELS,
+        keep_video_bytes=True,
+    )
+    return AutoProcessor.from_pretrained(model_dir), family_of(load_model(model_dir).config), list(stream)
+
+
 def test_a_given_first_turn_is_in_the_row_but_not_trained(tmp_path: Path, family_model_dir) -> None:
     # The oracle-crop baseline: the right request comes with the question; SFT teaches the reading.
-    out = tmp_path / "oracle"
-    write_shards(
-        encoded_samples(ZoomConfig(trace_requests="oracle"), "val", 2, encode=zoom_sample), out, "val"
+    processor, family, samples = zoom_samples(
+        ZoomConfig(trace_requests="oracle"), "val", tmp_path, family_model_dir
     )
-    model_dir = family_model_dir("qwen3_vl")
-    processor = AutoProcessor.from_pretrained(model_dir)
-    family = family_of(load_model(model_dir).config)
-    stream = VideoQAStream(
-        resolve_shards(str(out / "val-*.tar")), num_frames=16, max_pixels=MAX_PIXELS, keep_video_bytes=True
-    )
-    samples = list(stream)
     settings = ToolTraces(MAX_PIXELS, 32, given_first_turn=True)
     given = VideoQACollator(processor, family=family, tool_traces=settings)(samples)
     taught = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 32))(samples)
@@ -202,16 +210,8 @@ def test_a_trace_marked_given_has_its_first_turn_untrained_but_episodes_start_fr
 ) -> None:
     # The mixed recipe (lvrl data zoom --given-oracle-share): the mark teaches reading the right
     # stretch in CoT-SFT without the request; an episode of that row still asks on its own.
-    out = tmp_path / "mixed"
-    config = ZoomConfig(given_oracle_share=1.0)
-    write_shards(encoded_samples(config, "train", 2, encode=zoom_sample), out, "train")
-    model_dir = family_model_dir("qwen3_vl")
-    processor = AutoProcessor.from_pretrained(model_dir)
-    family = family_of(load_model(model_dir).config)
-    stream = VideoQAStream(
-        resolve_shards(str(out / "train-*.tar")), num_frames=16, max_pixels=MAX_PIXELS, keep_video_bytes=True
-    )
-    samples = list(stream)
+    mixed = ZoomConfig(given_oracle_share=1.0)
+    processor, family, samples = zoom_samples(mixed, "train", tmp_path, family_model_dir)
     batch = VideoQACollator(processor, family=family, tool_traces=ToolTraces(MAX_PIXELS, 32))(samples)
     tokenizer = processor.tokenizer
     for row, sample in enumerate(samples):
