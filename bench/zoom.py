@@ -20,7 +20,10 @@ on ``PLATEAU_BATCHES`` validation batches, loss only; stopped after ``PLATEAU_PA
 without improvement, or at ``--max-sft-steps``). Each export then answers the validation split
 (what recipes are chosen on) and the test split (what is reported), greedily, tool runs with
 episodes (the rollout code); and the test questions again with every video swapped for another
-question's (a reading probe: a model that reads its frames falls to about chance there).
+question's (a reading probe: a model that reads its frames falls to about chance there). The
+tool SFT also answers the validation split with the oracle request given (on the oracle copy):
+GRPO, rewarded for answers, can only teach where to look to a model that reads the right
+stretch once it has asked for it.
 
 Printed: per setting, accuracy (mean ± spread over seeds, and per seed), frames and visual
 tokens per answer, trainer CPU seconds, requests, span hit rate and the probe; on the test split,
@@ -329,10 +332,11 @@ def train(run_dir: Path, config: dict[str, Any], continuing: Path | None = None)
     return stage_cost(run_dir)
 
 
-def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, Cost]:
+def evaluate(run_dir: Path, shards: str, name: str, given_request: bool = False) -> tuple[Path, Cost]:
     """The run's export answers every question of ``shards`` with the run's own validation
     settings (episodes for the tool-using runs, its frames for a dense one), into
-    ``<run>-<name>``; returns that folder and what it cost."""
+    ``<run>-<name>``; returns that folder and what it cost. ``given_request``: each episode starts
+    with its trace's first request written for the model and served (shards with oracle traces)."""
     out = run_dir.parent / f"{run_dir.name}-{name}"
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     trainer = config["trainer"]
@@ -342,6 +346,8 @@ def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, Cost]:
     trainer["logger"][0]["init_args"].update(save_dir=str(out), version=0)
     config["model"]["init_args"].update(model_path=str(run_dir / "hf"), val_answers=True)
     config["data"]["init_args"]["val_shards"] = shards
+    if given_request:
+        config["data"]["init_args"]["tool_given_request"] = True
 
     def work() -> None:
         (out / "config.yaml").write_text(yaml.safe_dump(config))
@@ -495,6 +501,8 @@ class SeedResult:
     span_hit: float = float("nan")
     hits: dict[str, bool] | None = None
     """Test questions: whether the answer's requests covered half the answer's stretch."""
+    reads_given_oracle: float = float("nan")
+    """Tool SFT: validation accuracy with the oracle request given (can it read the right stretch?)."""
 
 
 def span_hits(eval_dir: Path) -> dict[str, bool]:
@@ -590,6 +598,18 @@ def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
             over = paired_seeds([r.span_hit for r in sft], [r.span_hit for r in grpo])
             lines.append(f"  over seeds: {over.line()}")
     return lines
+
+
+def reading_lines(results: dict[str, list[SeedResult]]) -> list[str]:
+    """The tool SFT's validation accuracy on its own requests and with the oracle request given,
+    per seed: a start GRPO can teach where to look reads the right stretch when given it."""
+    seeds = [r for r in results.get("tool SFT", []) if r.reads_given_oracle == r.reads_given_oracle]
+    if not seeds:
+        return []
+    cells = ", ".join(
+        f"seed {r.seed} {100 * r.accuracy['val']:.1f}% -> {100 * r.reads_given_oracle:.1f}%" for r in seeds
+    )
+    return [f"tool SFT on validation, on its own requests -> given the oracle request: {cells}"]
 
 
 def training_lines(results: dict[str, list[SeedResult]], cap: int) -> list[str]:
@@ -731,7 +751,9 @@ def main() -> None:
             f"{data} gives {built_share} of its training rows the oracle request, "
             f"not --given-oracle-share {args.given_oracle_share}"
         )
-    if any(stage.oracle for stage in stages) and not (Path(oracle_data) / "dataset.json").exists():
+    # The oracle copy serves the oracle crop and the tool SFT's reading check.
+    needs_oracle = any(stage.oracle or stage.folder == "sft-tool" for stage in stages)
+    if needs_oracle and not (Path(oracle_data) / "dataset.json").exists():
         # The random build's videos with oracle traces: the oracle crop sees the same pixels.
         zoom_oracle_data.build(Path(data), Path(oracle_data), out)
     model = out / "model-small"
@@ -783,6 +805,13 @@ def main() -> None:
             results[stage.label].append(result)
             if stage.folder == "sft-tool":
                 sft_answers.append(answered([evaluations["val"][0], test_dir]))
+                # GRPO rewards answers: it can teach where to look only to a model whose answers
+                # are right when it looked there. Checked on validation, the oracle request given.
+                given, cost = evaluate(
+                    run_dir, f"{oracle_data}/val-*.tar", "val-given-oracle", given_request=True
+                )
+                result.reads_given_oracle = last(given / "csv", "val/accuracy")
+                costs[f"{stage.label} evaluation"][-1] = summed([evaluation_cost, cost])
             if stage.folder == "grpo-tool":
                 first_grpo.append(answered([evaluations["val"][0], test_dir]))
                 # The continuations come next, before the dense baselines: the tool path of a seed
@@ -799,6 +828,8 @@ def main() -> None:
     print(f"\nzoom task, seeds {args.seeds}; visual tokens a frame: {tokens:g}")
     print("\nvalidation split (where recipes are chosen):")
     print(report(results, tokens, "val"))
+    for line in reading_lines(results):
+        print(line)
     print("\ntest split (the comparison; nothing was chosen on it):")
     print(report(results, tokens, "test"))
     for line in comparisons(results):

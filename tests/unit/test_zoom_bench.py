@@ -231,9 +231,17 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
 
     monkeypatch.setattr(zoom, "train", train)
 
-    def evaluate(run_dir: Path, shards: str, name: str) -> tuple[Path, zoom.Cost]:
+    given: list[tuple[str, bool]] = []
+
+    def evaluate(
+        run_dir: Path, shards: str, name: str, given_request: bool = False
+    ) -> tuple[Path, zoom.Cost]:
         evaluated.append((run_dir.name, name))
+        given.append((shards, given_request))
         return run_dir.parent / f"{run_dir.name}-{name}", zoom.Cost(1.0)
+
+    copies: list[Path] = []
+    monkeypatch.setattr(zoom.zoom_oracle_data, "build", lambda random, out, log_dir: copies.append(out))
 
     accuracy = {"sft-tool": 0.40, "grpo-tool": 0.60, "sft-dense-48": 0.30}
     monkeypatch.setattr(zoom, "evaluate", evaluate)
@@ -243,6 +251,8 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
         lambda metrics, name: {
             "val/accuracy": 0.25
             if metrics.parent.name.endswith("probe")
+            else 0.9
+            if metrics.parent.name.endswith("given-oracle")
             else accuracy[metrics.parent.name.rsplit("-", 1)[0]],
             "val/frames_per_answer": 40.0,
             "val/requests_per_answer": 1.5,
@@ -256,13 +266,33 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     monkeypatch.setattr(zoom, "span_hits", lambda eval_dir: {"synth-test-000000": "grpo" in eval_dir.name})
     steps = {"sft-tool": [600, 650], "grpo-tool": [200], "sft-dense-48": [3000]}
     monkeypatch.setattr(zoom, "last_steps", lambda csv_dir: steps[csv_dir.parent.name])
-    argv = ["zoom.py", "--data", str(data), "--seeds", "1", "--out", str(tmp_path / "out")]
+    oracle = tmp_path / "oracle"
+    argv = [
+        "zoom.py",
+        "--data",
+        str(data),
+        "--oracle-data",
+        str(oracle),
+        "--seeds",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     argv += ["--stages", "sft-tool", "grpo-tool", "sft-dense-48"]
     monkeypatch.setattr("sys.argv", argv)
     zoom.main()
     printed = capsys.readouterr().out
     assert trained == ["sft-tool", "grpo-tool", "sft-dense-48"]
-    assert evaluated[:3] == [("sft-tool", "val"), ("sft-tool", "test"), ("sft-tool", "probe")]
+    assert evaluated[:4] == [
+        ("sft-tool", "val"),
+        ("sft-tool", "test"),
+        ("sft-tool", "probe"),
+        ("sft-tool", "val-given-oracle"),
+    ]
+    # The tool SFT's reading check: the oracle copy's validation split, its request given.
+    assert copies == [oracle] and given[3] == (f"{oracle}/val-*.tar", True)
+    assert not any(request for _, request in given[:3] + given[4:])
+    assert "on its own requests -> given the oracle request: seed 1 40.0% -> 90.0%" in printed
     validation, test = printed.split("test split")[0], printed.split("test split")[1]
     grpo_row = (
         "| tool GRPO | 0.600 ± 0.000 | 1: 0.600 | 40.0 ± 0.0 | 80 ± 0 | 200 ± 0 | 100 ± 0 | 1.50 ± 0.00 "
