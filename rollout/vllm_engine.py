@@ -164,6 +164,7 @@ class VLLMEngine(RolloutEngine):
         self.llm: Any = None
         self.sleep_supported = False
         self.per_request_seed = False
+        self.compile_stance = "default"
         self._in_process = False
         self.packed_modules: dict[str, list[str]] = {}
         self.asleep: set[str] = set()
@@ -225,13 +226,22 @@ class VLLMEngine(RolloutEngine):
         # own seed has a sampled token discarded during a chunked prefill; on CPU the
         # engine-level seed alone keeps runs reproducible.
         self.per_request_seed = on_gpu
+        # vLLM compiles a few helper ops with torch.compile whatever enforce_eager says; on the CPU
+        # that is inductor's C++ build of its log-prob rank count, at the warm-up's first sampled
+        # log-prob: about 2 s of every process that starts an engine, for an op of microseconds
+        # at these sizes. The CPU engine starts and generates with them eager (the same
+        # integers); on the GPU vLLM's compilation is its own.
+        self.compile_stance = "default" if on_gpu else "force_eager"
         self._in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
         # An in-process vLLM engine seeds the global RNGs when it starts; keep the caller's
         # (a trainer's, restored from a checkpoint on a resume).
         caller_rng = rng_states()
         sized = {"max_num_batched_tokens": self.batched_tokens} if self.batched_tokens is not None else {}
         gc.freeze()  # vLLM's modules too, now imported (see start)
-        with _long_max_model_len_allowed(self.allow_long_max_model_len):
+        with (
+            _long_max_model_len_allowed(self.allow_long_max_model_len),
+            torch.compiler.set_stance(self.compile_stance),
+        ):
             self.llm = LLM(
                 model=policy.model_path,
                 dtype=self.dtype,
@@ -300,7 +310,7 @@ class VLLMEngine(RolloutEngine):
             self.llm.wake_up(sorted(self.asleep))
             self.asleep.clear()
         if self.per_request_seed or seed is None or not self._in_process:
-            return self.llm.generate(prompts, params, use_tqdm=False)
+            return self._generate(prompts, params)
         # Without per-request seeds the in-process sampler draws from torch's global CPU
         # generator, whose state would depend on every earlier rollout: seed it for this call
         # (the same seed gives the same samples, also after a resume) and give the trainer
@@ -308,9 +318,13 @@ class VLLMEngine(RolloutEngine):
         trainer_state = torch.get_rng_state()
         torch.manual_seed(seed)
         try:
-            return self.llm.generate(prompts, params, use_tqdm=False)
+            return self._generate(prompts, params)
         finally:
             torch.set_rng_state(trainer_state)
+
+    def _generate(self, prompts: list[dict[str, Any]], params: Any) -> list[Any]:
+        with torch.compiler.set_stance(self.compile_stance):
+            return self.llm.generate(prompts, params, use_tqdm=False)
 
     @staticmethod
     def _completions(output: Any, expected_prompt: list[int]) -> list[Completion]:

@@ -99,16 +99,17 @@ def test_cached_embeddings_match_raw_frames(setup) -> None:
     params = SamplingParams(
         temperature=0.0, max_tokens=10, logprobs=0, allowed_token_ids=engine.allowed_token_ids
     )
-    raw = engine.llm.generate(
-        [
-            {
-                "prompt_token_ids": request.layout.collapsed_ids(),
-                "multi_modal_data": {"video": (FRAMES, METADATA)},
-            }
-        ],
-        params,
-        use_tqdm=False,
-    )[0]
+    with torch.compiler.set_stance(engine.compile_stance):  # as the engine's own calls run
+        raw = engine.llm.generate(
+            [
+                {
+                    "prompt_token_ids": request.layout.collapsed_ids(),
+                    "multi_modal_data": {"video": (FRAMES, METADATA)},
+                }
+            ],
+            params,
+            use_tqdm=False,
+        )[0]
     (cached,) = engine.generate([request], SamplingConfig(n=1, temperature=0.0, max_new_tokens=10))
     # vLLM expands the raw-frames prompt to the request's layout (the engine checks the cached one).
     assert list(raw.prompt_token_ids) == request.layout.token_ids.tolist()
@@ -141,6 +142,18 @@ def test_trainer_logprobs_match_engine(setup) -> None:
         scale=logprob_scale(model, engine_logprobs[valid]),
         reason="trainer vs vLLM",
     )
+
+
+def test_the_cpu_engine_samples_without_compiling_vllms_helper_ops(setup) -> None:
+    # vLLM torch.compiles its log-prob rank count whatever enforce_eager says; on the CPU that
+    # was an inductor C++ build (~2 s) in every process that starts an engine. The engine runs
+    # it eagerly there: after dynamo forgets what it compiled, sampling compiles nothing.
+    _, _, _, request, engine = setup
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    (result,) = engine.generate([request], SamplingConfig(n=2, temperature=1.0, max_new_tokens=4, seed=5))
+    assert len(result.completions) == 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
 def test_weight_sync_moves_the_engine_to_the_new_policy(setup) -> None:
