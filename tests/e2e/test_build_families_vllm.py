@@ -28,7 +28,7 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from helpers.engine_helpers import VLLM_ENV_DEFAULTS
+from helpers.engine_helpers import VLLM_ENV_DEFAULTS, as_the_cpu_engine_runs
 
 from families.presets import FAMILIES
 from models.build import build_model_dir
@@ -62,15 +62,16 @@ class Served:
 
         self.family = family
         gc.freeze()  # out of vLLM's start-up collections, as rollout.vllm_engine.VLLMEngine.start does
-        self.llm = LLM(
-            model=str(model_dir),
-            dtype="float32",
-            max_model_len=1024,
-            max_num_seqs=8,
-            enforce_eager=True,
-            limit_mm_per_prompt={"image": 0, "video": 1},
-            seed=0,
-        )
+        with as_the_cpu_engine_runs():
+            self.llm = LLM(
+                model=str(model_dir),
+                dtype="float32",
+                max_model_len=1024,
+                max_num_seqs=8,
+                enforce_eager=True,
+                limit_mm_per_prompt={"image": 0, "video": 1},
+                seed=0,
+            )
         self.model = load_model(model_dir)
         self.processor = load_processor(model_dir)
 
@@ -117,7 +118,8 @@ def test_text_prompt_greedy_ids_agree(served: Served) -> None:
         add_generation_prompt=True,
     )
     ids = tokenizer.encode(prompt, add_special_tokens=False)
-    output = served.llm.generate([TokensPrompt(prompt_token_ids=ids)], _greedy(), use_tqdm=False)[0]
+    with as_the_cpu_engine_runs():
+        output = served.llm.generate([TokensPrompt(prompt_token_ids=ids)], _greedy(), use_tqdm=False)[0]
     input_ids = torch.tensor([ids])
     expected = _hf_greedy(
         served.model, {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
@@ -133,7 +135,8 @@ def test_raw_frames_expand_like_the_processor(served: Served, video: str) -> Non
         text=[prompt], videos=[frames], video_metadata=[metadata], return_tensors="pt"
     )
     request = {"prompt": prompt, "multi_modal_data": {"video": (frames, metadata)}}
-    output = served.llm.generate([request], _greedy(), use_tqdm=False)[0]
+    with as_the_cpu_engine_runs():
+        output = served.llm.generate([request], _greedy(), use_tqdm=False)[0]
     assert list(output.prompt_token_ids) == expected["input_ids"][0].tolist()
     assert len(output.outputs[0].token_ids) == NEW_TOKENS
     if served.family in SAME_POSITIONS_AFTER_VIDEO:

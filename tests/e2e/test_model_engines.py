@@ -14,7 +14,12 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[cpu]' or '.[gpu]')")
 
-from helpers.engine_helpers import greedy_ids_transformers, greedy_ids_vllm, vllm_engine
+from helpers.engine_helpers import (
+    as_the_cpu_engine_runs,
+    greedy_ids_transformers,
+    greedy_ids_vllm,
+    vllm_engine,
+)
 
 from models.loading import load_processor
 
@@ -51,6 +56,7 @@ def test_vllm_expands_a_video_like_transformers(tiny_model_dir: Path) -> None:
 
     llm = vllm_engine(str(tiny_model_dir))
     request = {"prompt": prompt, "multi_modal_data": {"video": (frames, metadata)}}
-    output = llm.generate([request], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
+    with as_the_cpu_engine_runs():
+        output = llm.generate([request], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)[0]
     assert list(output.prompt_token_ids) == expected["input_ids"][0].tolist()
     assert len(output.outputs[0].token_ids) >= 1

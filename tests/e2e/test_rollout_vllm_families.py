@@ -70,9 +70,10 @@ def test_cached_encodings_raw_frames_and_the_trainer_agree(family_name: str, fam
         params = SamplingParams(
             temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, allowed_token_ids=engine.allowed_token_ids
         )
-        raw = engine.llm.generate(
-            {"prompt": text, "multi_modal_data": {"video": (frames, METADATA)}}, params, use_tqdm=False
-        )[0]
+        with torch.compiler.set_stance(engine.compile_stance):  # as the engine's own calls run
+            raw = engine.llm.generate(
+                {"prompt": text, "multi_modal_data": {"video": (frames, METADATA)}}, params, use_tqdm=False
+            )[0]
     finally:
         engine.shutdown()
         del engine

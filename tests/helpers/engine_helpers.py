@@ -46,6 +46,13 @@ def greedy_ids_transformers(
     return out[0, input_ids.shape[1] :].tolist()
 
 
+def as_the_cpu_engine_runs() -> Any:
+    """A context in which vLLM runs its torch.compile'd helper ops eagerly, as
+    ``rollout.vllm_engine.VLLMEngine`` runs them on the CPU (``compile_stance``): for an engine
+    a test builds or calls itself, which would otherwise pay inductor's C++ build of them."""
+    return torch.compiler.set_stance("force_eager")
+
+
 _ENGINE: dict[str, Any] = {}
 """The in-process vLLM engine of the last model directory asked for (starting one costs seconds)."""
 
@@ -67,15 +74,16 @@ def vllm_engine(model_dir: str, max_model_len: int = 1024) -> Any:
         os.environ.setdefault(name, value)
     from vllm import LLM
 
-    _ENGINE[key] = LLM(
-        model=model_dir,
-        dtype="float32",
-        max_model_len=max_model_len,
-        max_num_seqs=8,
-        enforce_eager=True,
-        limit_mm_per_prompt={"image": 0, "video": 1},
-        seed=0,
-    )
+    with as_the_cpu_engine_runs():
+        _ENGINE[key] = LLM(
+            model=model_dir,
+            dtype="float32",
+            max_model_len=max_model_len,
+            max_num_seqs=8,
+            enforce_eager=True,
+            limit_mm_per_prompt={"image": 0, "video": 1},
+            seed=0,
+        )
     return _ENGINE[key]
 
 
@@ -98,5 +106,6 @@ def greedy_ids_vllm(
     params = SamplingParams(
         temperature=0.0, max_tokens=max_new_tokens, min_tokens=max_new_tokens if ignore_eos else 0
     )
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
+    with as_the_cpu_engine_runs():
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], params, use_tqdm=False)
     return list(outputs[0].outputs[0].token_ids)
