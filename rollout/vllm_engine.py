@@ -228,7 +228,7 @@ class VLLMEngine(RolloutEngine):
         self.per_request_seed = on_gpu
         # vLLM compiles a few helper ops with torch.compile whatever enforce_eager says; on the CPU
         # that is inductor's C++ build of its log-prob rank count, at the warm-up's first sampled
-        # log-prob: about 2 s of every process that starts an engine, for an op of microseconds
+        # log-prob: seconds of every process that starts an engine, for an op of microseconds
         # at these sizes. The CPU engine starts and generates with them eager (the same
         # integers); on the GPU vLLM's compilation is its own.
         self.compile_stance = "default" if on_gpu else "force_eager"

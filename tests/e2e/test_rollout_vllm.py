@@ -146,7 +146,7 @@ def test_trainer_logprobs_match_engine(setup) -> None:
 
 def test_the_cpu_engine_samples_without_compiling_vllms_helper_ops(setup) -> None:
     # vLLM torch.compiles its log-prob rank count whatever enforce_eager says; on the CPU that
-    # was an inductor C++ build (~2 s) in every process that starts an engine. The engine runs
+    # was an inductor C++ build (seconds) in every process that starts an engine. The engine runs
     # it eagerly there: after dynamo forgets what it compiled, sampling compiles nothing.
     _, _, _, request, engine = setup
     torch._dynamo.reset()
