@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -603,7 +604,7 @@ def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
 def reading_lines(results: dict[str, list[SeedResult]]) -> list[str]:
     """The tool SFT's validation accuracy on its own requests and with the oracle request given,
     per seed: a start GRPO can teach where to look reads the right stretch when given it."""
-    seeds = [r for r in results.get("tool SFT", []) if r.reads_given_oracle == r.reads_given_oracle]
+    seeds = [r for r in results.get("tool SFT", []) if not math.isnan(r.reads_given_oracle)]
     if not seeds:
         return []
     cells = ", ".join(
