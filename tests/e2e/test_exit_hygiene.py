@@ -171,6 +171,13 @@ def test_torchrun_two_processes(scenario: str, tmp_path: Path, synth_dir: Path, 
 
 
 # -- the data tools: lvrl data synth, lvrl data build ------------------------------------------------
+# A signalled command must still be at work when its first shard of 8 appears (it stops there, so
+# its count costs nothing); one left to its natural end needs only a few shards from each worker.
+SIGNALLED_SAMPLES = 400
+NATURAL_END_SAMPLES = 40
+RELEASED_SAMPLES = 200
+
+
 def first_shard(out: Path) -> Callable[[], bool]:
     return lambda: any(out.glob("*.tar"))
 
@@ -187,7 +194,8 @@ def assert_tool_ended(ended: EndedCommand, scenario: str, command: str) -> None:
 @pytest.mark.parametrize("scenario", [NATURAL, TERM_GROUP, CTRL_C])
 def test_lvrl_data_synth(scenario: str, tmp_path: Path) -> None:
     out = tmp_path / "synth"
-    command = [*LVRL, "data", "synth", "--out", str(out), "--num-train", "400", "--num-val", "0"]
+    count = str(NATURAL_END_SAMPLES if scenario == NATURAL else SIGNALLED_SAMPLES)
+    command = [*LVRL, "data", "synth", "--out", str(out), "--num-train", count, "--num-val", "0"]
     command += ["--num-test", "0", "--samples-per-shard", "8", "--workers", "2"]
     ended = run(command, scenario, tmp_path, first_shard(out))
     assert_tool_ended(ended, scenario, "lvrl data synth")
@@ -199,7 +207,7 @@ def test_lvrl_data_synth(scenario: str, tmp_path: Path) -> None:
 def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The synthetic task in the released LongVideo-Reason layout: train.jsonl and its videos."""
     out = tmp_path_factory.mktemp("released")
-    counts = ["--num-train", "200", "--num-val", "0", "--num-test", "0"]
+    counts = ["--num-train", str(RELEASED_SAMPLES), "--num-val", "0", "--num-test", "0"]
     run_lvrl("data", "synth", "--released", "--out", str(out), *counts)
     return out
 
@@ -207,8 +215,11 @@ def released(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("scenario", [NATURAL, TERM_GROUP, CTRL_C])
 def test_lvrl_data_build(scenario: str, tmp_path: Path, released: Path) -> None:
     out = tmp_path / "shards"
+    rows = (released / "train.jsonl").read_text().splitlines(keepends=True)
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(rows[:NATURAL_END_SAMPLES] if scenario == NATURAL else rows))
     command = [
-        *LVRL, "data", "build", "--jsonl", str(released / "train.jsonl"),
+        *LVRL, "data", "build", "--jsonl", str(jsonl),
         "--videos-root", str(released / "videos"), "--out", str(out),
         "--samples-per-shard", "8", "--workers", "2", "--no-progress",
     ]  # fmt: skip
