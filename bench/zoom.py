@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -484,13 +483,18 @@ def continue_grpo(
     return answers
 
 
+GIVEN_ORACLE = "val-given-oracle"
+"""The tool SFT's reading check: the validation questions (the oracle copy's) with the oracle
+request given, so that the right stretch is served whatever the model would ask for."""
+
+
 @dataclass
 class SeedResult:
     """One stage of one seed: what the report reads."""
 
     seed: int
     accuracy: dict[str, float]
-    """Per evaluation (``val``, ``test``, ``probe``)."""
+    """Per evaluation (``val``, ``test``, ``probe``; the tool SFT's also :data:`GIVEN_ORACLE`)."""
     answers: dict[str, bool]
     """Test questions: right or not."""
     frames: float
@@ -502,8 +506,6 @@ class SeedResult:
     span_hit: float = float("nan")
     hits: dict[str, bool] | None = None
     """Test questions: whether the answer's requests covered half the answer's stretch."""
-    reads_given_oracle: float = float("nan")
-    """Tool SFT: validation accuracy with the oracle request given (can it read the right stretch?)."""
 
 
 def span_hits(eval_dir: Path) -> dict[str, bool]:
@@ -604,11 +606,12 @@ def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
 def reading_lines(results: dict[str, list[SeedResult]]) -> list[str]:
     """The tool SFT's validation accuracy on its own requests and with the oracle request given,
     per seed: a start GRPO can teach where to look reads the right stretch when given it."""
-    seeds = [r for r in results.get("tool SFT", []) if not math.isnan(r.reads_given_oracle)]
+    seeds = [r for r in results.get("tool SFT", []) if GIVEN_ORACLE in r.accuracy]
     if not seeds:
         return []
     cells = ", ".join(
-        f"seed {r.seed} {100 * r.accuracy['val']:.1f}% -> {100 * r.reads_given_oracle:.1f}%" for r in seeds
+        f"seed {r.seed} {100 * r.accuracy['val']:.1f}% -> {100 * r.accuracy[GIVEN_ORACLE]:.1f}%"
+        for r in seeds
     )
     return [f"tool SFT on validation, on its own requests -> given the oracle request: {cells}"]
 
@@ -786,6 +789,12 @@ def main() -> None:
                 "probe": f"{probe}/test-*.tar",
             }
             evaluations = {name: evaluate(run_dir, glob, name) for name, glob in shards.items()}
+            if stage.folder == "sft-tool":
+                # GRPO rewards answers: it can teach where to look only to a model whose answers
+                # are right when it looked there. Checked on validation, the oracle request given.
+                evaluations[GIVEN_ORACLE] = evaluate(
+                    run_dir, f"{oracle_data}/val-*.tar", GIVEN_ORACLE, given_request=True
+                )
             costs.setdefault(f"{stage.label} training", []).append(trained)
             evaluation_cost = summed(cost for _, cost in evaluations.values())
             costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
@@ -806,13 +815,6 @@ def main() -> None:
             results[stage.label].append(result)
             if stage.folder == "sft-tool":
                 sft_answers.append(answered([evaluations["val"][0], test_dir]))
-                # GRPO rewards answers: it can teach where to look only to a model whose answers
-                # are right when it looked there. Checked on validation, the oracle request given.
-                given, cost = evaluate(
-                    run_dir, f"{oracle_data}/val-*.tar", "val-given-oracle", given_request=True
-                )
-                result.reads_given_oracle = last(given / "csv", "val/accuracy")
-                costs[f"{stage.label} evaluation"][-1] = summed([evaluation_cost, cost])
             if stage.folder == "grpo-tool":
                 first_grpo.append(answered([evaluations["val"][0], test_dir]))
                 # The continuations come next, before the dense baselines: the tool path of a seed
