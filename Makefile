@@ -5,13 +5,6 @@ LVRL := $(VENV)/bin/lvrl
 STAMP := $(VENV)/.lvrl-setup
 DEMO_DIR ?= runs/demo
 
-# These machines set PYTHONDONTWRITEBYTECODE, so every process the suite starts (lvrl commands,
-# their ranks, loader workers and fork servers: over a hundred) would compile lvrl's own modules
-# again; compiled once first, they are read from __pycache__ (a file older than its source is not
-# used).
-BYTECODE := app core families planner datamodules datatools evaluation models callbacks rewards \
-	rollout parallel tests/helpers
-
 .PHONY: setup setup-gpu demo demo-zoom test lint bench clean
 
 setup: $(STAMP)
@@ -39,7 +32,6 @@ TEST_WORKERS ?= 2
 
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m compileall -q $(BYTECODE)
 	WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
