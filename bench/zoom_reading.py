@@ -10,13 +10,19 @@ ln 4 = 1.386 at chance): the mean loss per token with the right videos, with the
 rotated by one row, and with the served segments rotated by one row (every segment has the same
 shape, so a rotation changes only what they show).
 
+The *lookup* column is the part of the last turn that reads the served frames: the markers looked
+up colour by colour ("red none, green small at 00:14, ..."), between "by colour:" and "In time
+order". ``--given`` scores only training rows whose trace was given its first request
+(``lvrl data zoom --given-oracle-share``): that request is context, not trained, so the whole
+target is the last turn, in the words the model was trained on.
+
 Besides a trace-SFT export (``--model``), ``--direct`` checks a model trained on the direct
 target with its video as the prompt's, answering from that video alone: the answer letter's
 loss with the right video and with another's (for a probe trained on the served frames alone,
 give it shards whose videos are those frames).
 
 Usage: python bench/zoom_reading.py --model DIR [--data data/zoom] [--split val] [--rows 64]
-       [--direct]
+       [--direct | --given]
 """
 
 from __future__ import annotations
@@ -57,16 +63,44 @@ def per_token_loss(module: SFTModule, batch: dict[str, Any]) -> torch.Tensor:
 
 def turn_masks(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The first and the last model turn's labelled positions in ``labels[:, 1:]``: a trace row's
-    labels are two runs, the tool's reply (unlabelled) between them."""
+    labels are two runs, the tool's reply (unlabelled) between them; a row whose first turn was
+    given (untrained) has one run, its last turn."""
     trained = labels[:, 1:] != IGNORE_INDEX
     first, last = torch.zeros_like(trained), torch.zeros_like(trained)
     for row in range(trained.shape[0]):
         positions = trained[row].nonzero().flatten().tolist()
         gaps = [b for a, b in itertools.pairwise(positions) if b != a + 1]
-        cut = gaps[0] if gaps else positions[-1] + 1
+        cut = gaps[0] if gaps else positions[0]
         for position in positions:
             (first if position < cut else last)[row, position] = True
     return first, last
+
+
+LOOKUP_START, LOOKUP_END = "by colour:", "In time order"
+
+
+def lookup_mask(batch: dict[str, Any], last: torch.Tensor, tokenizer: Any) -> torch.Tensor:
+    """The last turn's positions predicting the colour-by-colour lookup: the tokens whose text lies
+    after :data:`LOOKUP_START` and before :data:`LOOKUP_END` (aligned with ``labels[:, 1:]``)."""
+    targets = batch["input_ids"][:, 1:]
+    lookup = torch.zeros_like(last)
+    for row in range(last.shape[0]):
+        positions = last[row].nonzero().flatten().tolist()
+        pieces = [tokenizer.decode([int(targets[row, position])]) for position in positions]
+        text = "".join(pieces)
+        start, end = text.find(LOOKUP_START), text.find(LOOKUP_END)
+        if start < 0 or end < start:
+            continue  # no lookup in this turn (a trace that did not find the stretch)
+        start += len(LOOKUP_START)
+        offset = 0
+        for position, piece in zip(positions, pieces, strict=True):
+            lookup[row, position] = start <= offset and offset + len(piece) <= end
+            offset += len(piece)
+    return lookup
+
+
+def mean_cell(loss: torch.Tensor, mask: torch.Tensor) -> str:
+    return f"{float(loss[mask].mean()):.4f}" if bool(mask.any()) else "-"
 
 
 def answer_letter_mask(batch: dict[str, Any], tokenizer: Any) -> torch.Tensor:
@@ -91,6 +125,7 @@ def rotate_videos(pixels: torch.Tensor, grids: torch.Tensor, which: list[int]) -
 def trace_rows(module: SFTModule, batch: dict[str, Any], tokenizer: Any) -> list[list[str]]:
     """Per input setting, the first turn's, the last turn's and the answer letter's mean loss."""
     first, last = turn_masks(batch["labels"])
+    lookup = lookup_mask(batch, last, tokenizer)
     letter = answer_letter_mask(batch, tokenizer)
     pixels, grids = batch["target_pixel_values_videos"], batch["target_video_grid_thw"]
     if len(grids) != 2 * len(batch["input_ids"]):
@@ -104,7 +139,7 @@ def trace_rows(module: SFTModule, batch: dict[str, Any], tokenizer: Any) -> list
     rows = []
     for name, pixels_of in settings:
         loss = per_token_loss(module, dict(batch, target_pixel_values_videos=pixels_of()))
-        rows.append([name, *(f"{float(loss[mask].mean()):.4f}" for mask in (first, last, letter))])
+        rows.append([name, *(mean_cell(loss, mask) for mask in (first, last, lookup, letter))])
     return rows
 
 
@@ -131,7 +166,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64, help="questions scored (one batch)")
     parser.add_argument("--frames", type=int, default=OVERVIEW_FRAMES, help="frames of the prompt's video")
     parser.add_argument("--direct", action="store_true", help="score the direct target, no tool trace")
+    parser.add_argument(
+        "--given", action="store_true", help="only rows whose trace was given its first request"
+    )
     args = parser.parse_args()
+    if args.direct and args.given:
+        parser.error("--given scores tool traces; --direct has none")
 
     processor = AutoProcessor.from_pretrained(args.model)
     module = SFTModule(args.model)
@@ -145,6 +185,9 @@ def main() -> None:
     )
     samples = []
     for sample in stream:
+        trace = sample.row.extra.get("tool_trace")
+        if args.given and not (isinstance(trace, dict) and trace.get("first_turn_given") is True):
+            continue
         samples.append(sample)
         if len(samples) == args.rows:
             break
@@ -158,9 +201,10 @@ def main() -> None:
         columns = ["inputs", "target loss", "answer letter loss"]
         rows = direct_rows(module, batch, tokenizer)
     else:
-        columns = ["inputs", "first turn loss", "last turn loss", "answer letter loss"]
+        columns = ["inputs", "first turn loss", "last turn loss", "lookup loss", "answer letter loss"]
         rows = trace_rows(module, batch, tokenizer)
-    print(f"{args.model}: {len(samples)} {args.split} questions (answer letter at chance: 1.386)")
+    given = " given their first request" if args.given else ""
+    print(f"{args.model}: {len(samples)} {args.split} questions{given} (answer letter at chance: 1.386)")
     print(render_table(Table([Column(c) for c in columns], rows)))
 
 
