@@ -123,7 +123,8 @@ def rotate_videos(pixels: torch.Tensor, grids: torch.Tensor, which: list[int]) -
 
 
 def trace_rows(module: SFTModule, batch: dict[str, Any], tokenizer: Any) -> list[list[str]]:
-    """Per input setting, the first turn's, the last turn's and the answer letter's mean loss."""
+    """Per input setting, the mean loss of the first turn, the last turn, its lookup and the answer
+    letter."""
     first, last = turn_masks(batch["labels"])
     lookup = lookup_mask(batch, last, tokenizer)
     letter = answer_letter_mask(batch, tokenizer)
