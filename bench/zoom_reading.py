@@ -43,7 +43,7 @@ from transformers import AutoProcessor
 from datamodules.collate import IGNORE_INDEX, VideoQACollator
 from datamodules.shards import resolve_shards
 from datamodules.stream import VideoQAStream
-from datamodules.tool_traces import ToolTraces
+from datamodules.tool_traces import ToolTraces, marked_first_turn_given
 from evaluation.tables import Column, Table, render_table
 from models.sft import SFTModule
 
@@ -186,8 +186,7 @@ def main() -> None:
     )
     samples = []
     for sample in stream:
-        trace = sample.row.extra.get("tool_trace")
-        if args.given and not (isinstance(trace, dict) and trace.get("first_turn_given") is True):
+        if args.given and not marked_first_turn_given(sample.row.extra.get("tool_trace")):
             continue
         samples.append(sample)
         if len(samples) == args.rows:

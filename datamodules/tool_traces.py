@@ -57,6 +57,12 @@ class ToolTraces:
     validation episode of that row still starts from the question alone)."""
 
 
+def marked_first_turn_given(trace: object) -> bool:
+    """Whether a row's tool trace marks its first turn ``first_turn_given`` (CoT-SFT's teaching
+    device: the request is context written for the model, in the target but not trained)."""
+    return isinstance(trace, dict) and trace.get("first_turn_given") is True
+
+
 def given_turn(sample: VideoQASample, settings: ToolTraces | None) -> str | None:
     """The turn given with ``sample``'s question (its trace's first), when the settings give one."""
     if settings is None or not settings.given_first_turn:
@@ -175,9 +181,7 @@ def trace_target(
             assert reply.second_per_grid is not None
             asked = list(tokenizer(turn, add_special_tokens=False)["input_ids"])
             token_ids += asked + reply.token_ids
-            learned = not (
-                index == 0 and (settings.given_first_turn or trace.get("first_turn_given") is True)
-            )
+            learned = not (index == 0 and (settings.given_first_turn or marked_first_turn_given(trace)))
             trained += [learned] * len(asked) + [False] * len(reply.token_ids)
             slots += [False] * len(asked) + reply.video_slots
             pixels.append(reply.pixel_values_videos)
