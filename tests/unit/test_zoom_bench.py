@@ -277,6 +277,8 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
         "1",
         "--out",
         str(tmp_path / "out"),
+        "--tool-sft-steps",
+        "650",
     ]
     argv += ["--stages", "sft-tool", "grpo-tool", "sft-dense-48"]
     monkeypatch.setattr("sys.argv", argv)
@@ -305,7 +307,7 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     assert "tool GRPO vs tool SFT" in test and "tool SFT vs dense 48" in test and "span hit" in test
     assert "tool GRPO 0.600 vs dense 48 0.300: met" in test
     # Each stage trained 100 CPU seconds: the tool path (SFT + GRPO) 200.
-    assert "- tool SFT: stopped at its plateau in 1 of 1 seeds\n" in test
+    assert "- tool SFT: ran its budget of 650 steps in 1 of 1 seeds\n" in test
     assert (
         "- dense 48: stopped at its plateau in 0 of 1 seeds, reached the cap of 3000 steps in seeds [1]; "
         "0.50 times the tool path's CPU seconds" in test
@@ -315,6 +317,17 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     with pytest.raises(SystemExit):
         monkeypatch.setattr("sys.argv", [*argv[:-3], "grpo-tool"])
         zoom.main()
+
+
+def test_the_tool_sft_runs_its_budget_and_validates_its_loss_without_a_stop() -> None:
+    """Its loss is mostly the random first request: a plateau of it says nothing of the reading."""
+    tool = zoom.stage_config(zoom.STAGES[0], Path("r"), Path("m"), "d", 0, 2500)
+    assert tool["trainer"]["max_steps"] == 2500
+    assert not any(c["class_path"].endswith("EarlyStopping") for c in tool["trainer"]["callbacks"])
+    assert tool["trainer"]["val_check_interval"] == zoom.TOOL_SFT_VAL_EVERY
+    assert tool["trainer"]["limit_val_batches"] == zoom.PLATEAU_BATCHES
+    assert tool["model"]["init_args"]["val_answers"] is False
+    assert zoom.STAGES[0].plateau is False and zoom.STAGES[2].plateau is True
 
 
 def test_an_sft_stage_stops_at_its_plateau_and_a_dense_one_trains_at_its_frames() -> None:
