@@ -89,7 +89,8 @@ TOOL_SFT_STEPS = 3000
 """The tool SFT's budget, chosen on validation (seed 0, given-share 0.5 build): the plateau rule
 stopped it at step 1,324, when given the oracle request it answered 27.0% of the validation
 questions (chance 25%); trained on along the same 3,000-step schedule it answered 50.5% at step
-2,000 (bench/results/zoom_protocol/given-share-0.5-seed0-step1001/)."""
+2,000 and 96.5% at its end (bench/results/zoom_protocol/given-share-0.5-seed0-step1001/ and
+given-share-0.5-seed0-budget3000/)."""
 TOOL_SFT_VAL_EVERY = 300
 """Steps between the tool SFT's validation-loss checks: its curve, not a stop."""
 
