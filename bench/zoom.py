@@ -128,6 +128,7 @@ STAGES = (  # in running order: GRPO starts from the tool SFT export
     Stage("dense 256", "sft-dense-256", "sft_dense.yaml", frames=256),
 )
 STAGE_NAMES = tuple(stage.folder for stage in STAGES)
+BUDGETED = {stage.label for stage in STAGES if stage.budget}
 GRPO = STAGES[1]
 
 
@@ -648,10 +649,10 @@ def training_lines(results: dict[str, list[SeedResult]], cap: int, budget: int) 
     for label, seeds in results.items():
         if not seeds or label == "tool GRPO":
             continue
-        if label == "tool SFT":
+        if label in BUDGETED:
             short = [f"seed {r.seed} at step {r.steps}" for r in seeds if r.steps < budget]
             lines.append(
-                f"- tool SFT: ran its budget of {budget} steps in {len(seeds) - len(short)} of "
+                f"- {label}: ran its budget of {budget} steps in {len(seeds) - len(short)} of "
                 f"{len(seeds)} seeds" + (f" ({', '.join(short)})" if short else "")
             )
             continue
@@ -804,9 +805,12 @@ def main() -> None:
         for stage in stages:
             run_dir = out / f"seed{seed}" / stage.folder
             start = run_dir.parent / stage.after / "hf" if stage.after else model
-            steps = args.max_sft_steps
-            if stage.after or stage.budget:
-                steps = args.grpo_steps if stage.after else args.tool_sft_steps
+            if stage.after:
+                steps = args.grpo_steps
+            elif stage.budget:
+                steps = args.tool_sft_steps
+            else:
+                steps = args.max_sft_steps
             stage_data = oracle_data if stage.oracle else data
             config = stage_config(stage, run_dir, start, stage_data, seed, steps)
             if stage.after:
