@@ -6,7 +6,9 @@ logged metric against the training step (raw values faint, a moving average on t
 last validation accuracy of each run per category, side by side (markdown, so it pastes into
 a README or an issue), and, when the runs wrote per-question predictions, a paired comparison
 of each run with the first one: the questions only one of them answers correctly and an exact
-McNemar test, which says whether a difference is more than the luck of a small eval set.
+McNemar test, which says whether a difference is more than the luck of a small eval set (for
+tool-use runs, the same for the span hit: the questions whose requests found the answer's
+stretch).
 """
 
 from __future__ import annotations
@@ -391,8 +393,9 @@ def paired_lines(records: dict[str, list[dict] | None]) -> list[str]:
     Questions are paired on ``problem_id`` (on ``key`` when a run's records predate it, which
     is said), per scoring: multiple-choice, numeric and judged open-ended answers each get an
     exact McNemar test of the greedy answers; when both runs sampled, the sampled accuracy of
-    the multiple-choice questions gets a paired test. An id held by two records of one run
-    cannot be paired: those records are left out, counted and named.
+    the multiple-choice questions gets a paired test; when both runs requested frames, whether the
+    requests found the answer's stretch (``span_hit``) gets an exact McNemar test too. An id held
+    by two records of one run cannot be paired: those records are left out, counted and named.
     """
     (base_name, base), *others = records.items()
     lines = []
@@ -427,6 +430,15 @@ def paired_lines(records: dict[str, list[dict] | None]) -> list[str]:
                 f"- {name} vs {base_name}, same {paired.questions} {questions}: {paired.change:+.1%} "
                 f"({paired.only_new} right only in {name}, {paired.only_base} right only in {base_name}); "
                 f"exact McNemar {format_p_value(paired.p_value)}"
+            )
+        hits_base = {k: bool(r["span_hit"]) for k, r in old_by_id.items() if r.get("span_hit") is not None}
+        hits_new = {k: bool(r["span_hit"]) for k, r in new_by_id.items() if r.get("span_hit") is not None}
+        if hits_base and hits_new:  # tool-use runs: did the requests find the answer's stretch?
+            paired = paired_comparison(hits_base, hits_new)
+            lines.append(
+                f"- span hit, {name} vs {base_name}, same {paired.questions} questions: "
+                f"{paired.change:+.1%} ({paired.only_new} found only by {name}, {paired.only_base} "
+                f"only by {base_name}); exact McNemar {format_p_value(paired.p_value)}"
             )
         sampled_base = {k: r["sampled_correct"] for k, r in old_by_id.items() if "sampled_correct" in r}
         sampled_new = {k: r["sampled_correct"] for k, r in new_by_id.items() if "sampled_correct" in r}

@@ -359,3 +359,28 @@ def test_compare_shows_where_tool_answers_looked(tmp_path: Path, capsys) -> None
     table = capsys.readouterr().out
     assert "| requests covering half the answer's stretch | 25.0% | - |" in table
     assert "| share of the answer's stretch served (mean) | 31.2% | - |" in table
+
+
+def test_span_hits_of_tool_runs_are_compared_question_by_question(tmp_path: Path, capsys) -> None:
+    # Hits before/after on 12 questions: found only after on q0-q5 (6), only before on q6 (1);
+    # exact McNemar: 2 * (C(7,0) + C(7,1)) / 2^7 = 16 / 128 = 0.125. q11 has no span_hit (a
+    # malformed episode logs none) and is left out of the span pairing, not of the answers'.
+    before = [{**record(f"q{i}", f"k{i}", True), "span_hit": i in (6, 7)} for i in range(11)]
+    after = [{**record(f"q{i}", f"k{i}", True), "span_hit": i < 8 and i != 6} for i in range(11)]
+    before.append({**record("q11", "k11", True), "span_hit": None})
+    after.append(record("q11", "k11", True))
+    for name, records in (("sft", before), ("grpo", after)):
+        write_log(tmp_path / name, 0, [{"val/accuracy": 1.0}])
+        write_records(tmp_path / name, records)
+    main(["report", "compare", "--run", f"SFT={tmp_path / 'sft'}", "--run", f"GRPO={tmp_path / 'grpo'}"])
+    out = capsys.readouterr().out
+    assert "GRPO vs SFT, same 12 questions: +0.0%" in out
+    assert (
+        "- span hit, GRPO vs SFT, same 11 questions: +45.5% (6 found only by GRPO, 1 only by SFT); "
+        "exact McNemar p = 0.12\n" in out
+    )
+    # Runs that requested nothing print no span line.
+    write_records(tmp_path / "dense", [record(f"q{i}", f"k{i}", True) for i in range(12)])
+    write_log(tmp_path / "dense", 0, [{"val/accuracy": 1.0}])
+    main(["report", "compare", "--run", f"SFT={tmp_path / 'sft'}", "--run", f"D={tmp_path / 'dense'}"])
+    assert "span hit" not in capsys.readouterr().out
