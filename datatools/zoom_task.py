@@ -226,6 +226,13 @@ class ZoomConfig:
     def to_json(self) -> dict[str, Any]:
         return {"task": "zoom", **asdict(self)}
 
+    @classmethod
+    def from_json(cls, written: dict[str, Any]) -> ZoomConfig:
+        """The config :meth:`to_json` wrote (a build's ``dataset.json`` keeps it as ``config``)."""
+        if written.get("task") != "zoom":
+            raise ValueError(f"not a zoom task's config: task {written.get('task')!r}")
+        return cls(**{key: value for key, value in written.items() if key != "task"})
+
 
 @dataclass(frozen=True)
 class Marker:
@@ -371,6 +378,8 @@ def slot_span(config: ZoomConfig, slot: int) -> tuple[float, float]:
 GREY_REPLY = "These frames are grey: not the blue stretch."
 NOT_FOUND = "The blue stretch was not in the frames I got, so I guess."
 FOUND = "These frames are the blue stretch."
+FIRST_THOUGHT = "I need a closer look at one stretch."
+"""A random trace's first thought: it does not know where the blue stretch is."""
 
 
 def tool_trace(
@@ -397,11 +406,8 @@ def tool_trace(
         if landmark in slots:
             slots = slots[: slots.index(landmark) + 1]  # the search stops at the first blue reply
         found = slots[-1] == landmark
-        thoughts = ["I need a closer look at one stretch."] + [GREY_REPLY] * (len(slots) - 1)
-    turns = [
-        f"<think>{thought}</think>\n{request_text(*slot_span(config, slot), config.request_fps)}"
-        for thought, slot in zip(thoughts, slots, strict=True)
-    ]
+        thoughts = [FIRST_THOUGHT] + [GREY_REPLY] * (len(slots) - 1)
+    turns = [request_turn(config, thought, slot) for thought, slot in zip(thoughts, slots, strict=True)]
     if found:
         # What the requested frames show (a marker at the time of the frame it is seen in).
         reading = _reading(config, category, markers, request_frames(config, landmark))
@@ -423,6 +429,11 @@ def tool_trace(
             for s in slots
         ],
     }
+
+
+def request_turn(config: ZoomConfig, thought: str, slot: int) -> str:
+    """A trace's turn: its thought, then its request for stretch ``slot`` at the trace's rate."""
+    return f"<think>{thought}</think>\n{request_text(*slot_span(config, slot), config.request_fps)}"
 
 
 def request_text(start_s: float, end_s: float, fps: float) -> str:
