@@ -1,8 +1,9 @@
 """A tool GRPO run's learning curve on the zoom task, from its CSV log: the sampled episodes' span
-hit rate, accuracy and format rate in blocks of steps (and the KL to the start, when the run has
-a KL term), and the comparison the GRPO recipes are judged by: the mean span hit of the last
-``--window`` steps against the first ``--window`` (each step's rate is over its 64 episodes, so
-the spread of the per-step values is what one step's sample of episodes gives).
+hit rate, accuracy, format rate and requests per episode in blocks of steps (and the KL to the
+start, when the run has a KL term), and the comparison the GRPO recipes are judged by: the mean
+span hit of the last ``--window`` steps against the first ``--window`` (each step's rate is over
+its 64 episodes, so the spread of the per-step values is what one step's sample of episodes
+gives).
 
 Usage: python bench/zoom_curve.py METRICS [--block 25] [--window 50] [--out FILE.md]
 
@@ -25,7 +26,7 @@ from bench.grpo_runs import column, markdown
 from evaluation.provenance import provenance
 
 SPAN_HIT, ACCURACY = "tool/span_hit_rate", "rollout/accuracy"
-FORMAT, KL = "rollout/format_rate", "train/ref_kl"
+FORMAT, REQUESTS, KL = "rollout/format_rate", "tool/requests_per_episode", "train/ref_kl"
 
 
 @dataclass(frozen=True)
@@ -35,20 +36,24 @@ class Curve:
     span_hit: list[float]
     accuracy: list[float]
     format_rate: list[float]
+    requests: list[float]
     kl: list[float]
 
     @classmethod
     def read(cls, metrics: Path) -> Curve:
-        curve = cls(*(column(metrics, name) for name in (SPAN_HIT, ACCURACY, FORMAT)), column(metrics, KL))
-        if not curve.span_hit or len({len(curve.span_hit), len(curve.accuracy), len(curve.format_rate)}) != 1:
-            raise SystemExit(f"{metrics}: expected one {SPAN_HIT}, {ACCURACY} and {FORMAT} per step")
+        curve = cls(*(column(metrics, name) for name in (SPAN_HIT, ACCURACY, FORMAT, REQUESTS, KL)))
+        per_step = (curve.span_hit, curve.accuracy, curve.format_rate, curve.requests)
+        if not curve.span_hit or len({len(values) for values in per_step}) != 1:
+            raise SystemExit(
+                f"{metrics}: expected one {SPAN_HIT}, {ACCURACY}, {FORMAT} and {REQUESTS} per step"
+            )
         return curve
 
 
 def blocks_table(curve: Curve, block: int) -> str:
     """Means over consecutive blocks of ``block`` steps (the last block may be shorter)."""
     with_kl = bool(curve.kl) and any(curve.kl)
-    header = ["steps", "span hit (sampled)", "accuracy (sampled)", "format rate"]
+    header = ["steps", "span hit (sampled)", "accuracy (sampled)", "format rate", "requests / episode"]
     header += ["KL to the start"] if with_kl else []
     rows = []
     for first in range(0, len(curve.span_hit), block):
@@ -56,6 +61,7 @@ def blocks_table(curve: Curve, block: int) -> str:
         row = [f"{first}-{last - 1}"]
         row += [f"{statistics.mean(values[first:last]):.3f}" for values in (curve.span_hit, curve.accuracy)]
         row.append(f"{statistics.mean(curve.format_rate[first:last]):.3f}")
+        row.append(f"{statistics.mean(curve.requests[first:last]):.2f}")
         if with_kl:
             row.append(f"{statistics.mean(curve.kl[first:last]):.5f}")
         rows.append(row)

@@ -23,6 +23,7 @@ def write_log(path: Path, rows: list[dict[str, float]]) -> Path:
 
 def step(i: int, hit: float, kl: float | None = None) -> dict[str, float]:
     row = {"step": i, "tool/span_hit_rate": hit, "rollout/accuracy": hit / 2, "rollout/format_rate": 1.0}
+    row["tool/requests_per_episode"] = 2 * hit
     return row if kl is None else {**row, "train/ref_kl": kl}
 
 
@@ -33,9 +34,9 @@ def test_blocks_and_the_first_and_last_windows(tmp_path: Path) -> None:
     table = blocks_table(curve, 2)
     assert "KL" not in table  # no KL term in this run
     assert table.splitlines()[2:] == [
-        "| 0-1 | 0.200 | 0.100 | 1.000 |",
-        "| 2-3 | 0.500 | 0.250 | 1.000 |",
-        "| 4-4 | 0.900 | 0.450 | 1.000 |",
+        "| 0-1 | 0.200 | 0.100 | 1.000 | 0.40 |",
+        "| 2-3 | 0.500 | 0.250 | 1.000 | 1.00 |",
+        "| 4-4 | 0.900 | 0.450 | 1.000 | 1.80 |",
     ]
     # Windows of 2: first (0.1, 0.3) mean 0.2, sd 0.1414; last (0.5, 0.9) mean 0.7, sd 0.2828.
     assert window_line(curve.span_hit, 2) == (
@@ -50,7 +51,7 @@ def test_blocks_and_the_first_and_last_windows(tmp_path: Path) -> None:
 def test_a_kl_column_when_the_run_has_a_kl_term(tmp_path: Path) -> None:
     rows = [step(0, 0.25, 0.0001), step(1, 0.25, 0.0003)]
     table = blocks_table(Curve.read(write_log(tmp_path / "m.csv.gz", rows)), 25)
-    assert table.splitlines()[-1] == "| 0-1 | 0.250 | 0.125 | 1.000 | 0.00020 |"
+    assert table.splitlines()[-1] == "| 0-1 | 0.250 | 0.125 | 1.000 | 0.50 | 0.00020 |"
 
 
 def test_a_log_without_the_tool_metrics_is_refused(tmp_path: Path) -> None:
