@@ -8,15 +8,16 @@ in), the share of questions whose most likely first request is the blue stretch,
 entropy of the request distribution (ln 8 = 2.079 for eight stretches asked alike). The blue
 stretch is drawn uniformly, so a model whose first request ignores the overview gives it 1/8 on
 average, whatever stretches it prefers. With several models, each after the first is compared
-with the first on the same questions: the mean change of the blue stretch's log-probability and
-a paired t-test over the questions.
+with the first on the same questions: the mean change of the blue stretch's probability (a
+paired t-test over the questions) and of the questions where it is the most likely request
+(exact McNemar).
 
 This sees a shift that sampling would need thousands of episodes to show (a sampled span hit of
 25% moves by a standard error of 5 points over one step's 64 episodes), so it says whether a GRPO
 run moved the request toward the overview's blue at all. Only the first request is scored: a
 second one follows the reply to the first.
 
-Usage: python bench/zoom_request_probe.py --model DIR [--model DIR ...] [--data data/zoom]
+Usage: python bench/zoom_request_probe.py --model [NAME=]DIR [--model ...] [--data data/zoom]
        [--split val] [--rows 200] [--out FILE.md]
 """
 
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from transformers import AutoProcessor
 
+from app.commands.report import format_p_value, paired_comparison
 from bench.zoom_reading import MAX_PIXELS, OVERVIEW_FRAMES, per_token_loss, turn_masks
 from datamodules.collate import VideoQACollator
 from datamodules.shards import resolve_shards
@@ -105,7 +107,7 @@ class ModelRequests:
         ]
 
 
-def score(model: str, samples: list[VideoQASample], config: ZoomConfig) -> ModelRequests:
+def score(name: str, model: str, samples: list[VideoQASample], config: ZoomConfig) -> ModelRequests:
     processor = AutoProcessor.from_pretrained(model)
     module = SFTModule(model)
     module.configure_model()
@@ -119,19 +121,28 @@ def score(model: str, samples: list[VideoQASample], config: ZoomConfig) -> Model
         blue.append(float(log_probs[slot]))
         top.append(int(log_probs.argmax()) == slot)
         entropy.append(float(-(log_probs.exp() * log_probs).sum()))
-    return ModelRequests(model, blue, top, entropy)
+    return ModelRequests(name, blue, top, entropy)
 
 
 def paired_line(base: ModelRequests, new: ModelRequests) -> str:
-    """The mean per-question change of the blue stretch's log-probability, with a paired t-test."""
-    differences = [n - b for b, n in zip(base.blue, new.blue, strict=True)]
+    """Per question, the change of the blue stretch's probability (a paired t-test: probabilities
+    are bounded, so a few questions moved far cannot carry it as log-probabilities can), and the
+    questions whose most likely first request became or stopped being the blue stretch (exact
+    McNemar)."""
+    differences = [math.exp(n) - math.exp(b) for b, n in zip(base.blue, new.blue, strict=True)]
     count = len(differences)
     mean = sum(differences) / count
     spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (count - 1))
     p_value = 1.0 if spread == 0 else student_t_two_sided(mean / (spread / math.sqrt(count)), count - 1)
+    top = paired_comparison(
+        {str(i): v for i, v in enumerate(base.top_is_blue)},
+        {str(i): v for i, v in enumerate(new.top_is_blue)},
+    )
     return (
-        f"- {new.name} vs {base.name}, same {count} questions: blue stretch's log-probability "
-        f"{mean:+.4f} nats per question (sd {spread:.4f}), paired t-test p = {p_value:.3g}"
+        f"- {new.name} vs {base.name}, same {count} questions: P(blue stretch) {mean:+.4f} per question "
+        f"(sd {spread:.4f}), paired t-test {format_p_value(p_value)}; blue stretch most likely in "
+        f"{top.only_new} questions only after, {top.only_base} only before, exact McNemar "
+        f"{format_p_value(top.p_value)}"
     )
 
 
@@ -139,7 +150,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", action="append", required=True, help="an export (hf/); repeat to compare")
+    parser.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
+        help="an export (hf/), named in the table by NAME (else its path); repeat to compare",
+    )
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (its dataset.json)")
     parser.add_argument("--split", default="val")
     parser.add_argument("--rows", type=int, default=200, help="questions scored")
@@ -159,7 +176,11 @@ def main() -> None:
             break
     if len(samples) < 2:
         raise SystemExit(f"{args.data}: fewer than 2 {args.split} questions")
-    results = [score(model, samples, config) for model in args.model]
+    named = [
+        (spec.partition("=")[0], spec.partition("=")[2]) if "=" in spec else (spec, spec)
+        for spec in args.model
+    ]
+    results = [score(name, model, samples, config) for name, model in named]
     origin = provenance(["python", "bench/zoom_request_probe.py", *sys.argv[1:]])
     columns = ["model", "P(blue stretch) mean", "blue stretch most likely", "entropy (nats)"]
     lines = [

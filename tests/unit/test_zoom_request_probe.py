@@ -70,16 +70,13 @@ def test_each_stretch_is_asked_for_as_the_task_writes_a_first_request(
 
 
 def test_the_paired_change_of_the_blue_stretch() -> None:
-    base = ModelRequests(
-        "start", [math.log(0.1), math.log(0.2), math.log(0.1)], [False, True, False], [2.0] * 3
-    )
-    new = ModelRequests(
-        "after", [v + d for v, d in zip(base.blue, (0.1, 0.3, 0.2), strict=True)], [True] * 3, [1.9] * 3
-    )
+    base = ModelRequests("start", [math.log(p) for p in (0.1, 0.2, 0.1)], [False, True, False], [2.0] * 3)
+    new = ModelRequests("after", [math.log(p) for p in (0.2, 0.5, 0.3)], [True, False, True], [1.9] * 3)
     assert base.row() == ["start", "0.1333", "0.333", "2.000"]
     # Differences 0.1, 0.3, 0.2: mean 0.2, sd 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464 on 2 degrees of
-    # freedom: two-sided p = 1 - t / sqrt(t^2 + 2) = 0.0742.
+    # freedom: two-sided p = 1 - t / sqrt(t^2 + 2) = 0.0742. Most likely: 2 gained, 1 lost: p = 1.
     assert paired_line(base, new) == (
-        "- after vs start, same 3 questions: blue stretch's log-probability +0.2000 nats per question "
-        "(sd 0.1000), paired t-test p = 0.0742"
+        "- after vs start, same 3 questions: P(blue stretch) +0.2000 per question (sd 0.1000), paired "
+        "t-test p = 0.074; blue stretch most likely in 2 questions only after, 1 only before, exact "
+        "McNemar p = 1"
     )
