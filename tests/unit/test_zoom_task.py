@@ -330,3 +330,11 @@ def test_the_command_renders_the_task(tmp_path) -> None:
     assert_marker_shown(decode_frames(video, [marker["start_frame"]], max_pixels=56 * 56).frames, marker)
     refused = lvrl("data", "zoom", "--out", str(tmp_path / "bad"), "--size", "27", *small)
     assert refused.returncode != 0 and "size must be even and >= 28" in refused.stderr
+
+
+def test_a_config_reads_back_from_what_it_wrote() -> None:
+    config = ZoomConfig(slots=4, num_frames=512, given_oracle_share=0.5, listed_times="patch")
+    written = json.loads(json.dumps(config.to_json()))  # as dataset.json keeps it
+    assert ZoomConfig.from_json(written) == config
+    with pytest.raises(ValueError, match="not a zoom task's config"):
+        ZoomConfig.from_json({**written, "task": "synthetic"})
