@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +46,7 @@ from datamodules.stream import VideoQASample, VideoQAStream
 from datamodules.tool_traces import ToolTraces
 from datatools.zoom_task import FIRST_THOUGHT, FOUND, ZoomConfig, request_turn, slot_span
 from evaluation.provenance import provenance
-from evaluation.significance import student_t_two_sided
+from evaluation.significance import paired_seeds
 from evaluation.tables import Column, Table, render_table
 from models.sft import SFTModule
 
@@ -129,18 +130,17 @@ def paired_line(base: ModelRequests, new: ModelRequests) -> str:
     are bounded, so a few questions moved far cannot carry it as log-probabilities can), and the
     questions whose most likely first request became or stopped being the blue stretch (exact
     McNemar)."""
-    differences = [math.exp(n) - math.exp(b) for b, n in zip(base.blue, new.blue, strict=True)]
-    count = len(differences)
-    mean = sum(differences) / count
-    spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (count - 1))
-    p_value = 1.0 if spread == 0 else student_t_two_sided(mean / (spread / math.sqrt(count)), count - 1)
+    # The paired t-test the bench uses over seeds, here over questions.
+    test = paired_seeds([math.exp(b) for b in base.blue], [math.exp(n) for n in new.blue])
+    count, mean = len(test.differences), test.mean
+    spread = statistics.stdev(test.differences)
     top = paired_comparison(
         {str(i): v for i, v in enumerate(base.top_is_blue)},
         {str(i): v for i, v in enumerate(new.top_is_blue)},
     )
     return (
         f"- {new.name} vs {base.name}, same {count} questions: P(blue stretch) {mean:+.4f} per question "
-        f"(sd {spread:.4f}), paired t-test {format_p_value(p_value)}; blue stretch most likely in "
+        f"(sd {spread:.4f}), paired t-test {format_p_value(test.p_value)}; blue stretch most likely in "
         f"{top.only_new} questions only after, {top.only_base} only before, exact McNemar "
         f"{format_p_value(top.p_value)}"
     )
