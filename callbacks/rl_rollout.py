@@ -190,7 +190,9 @@ class RolloutCallback(Callback):
                 f"RolloutCallback hands rollouts to a module that receives them (a GRPOModule); "
                 f"{type(pl_module).__name__} does not"
             )
-        pl_module.check_experience(self.settings.group_size, self.engine.dtype)
+        pl_module.check_experience(
+            self.settings.group_size, self.engine.dtype, episodes=self.tool_budget is not None
+        )
         if self.tool_budget is not None:
             self._check_tool_use(trainer)
         if self.dynamic_sampling is not None and not callable(

@@ -59,6 +59,7 @@ from models.rl.step_statistics import (
     is_max_statistic,
     merge_stats,
 )
+from models.rl.turns import POLICY_GRADIENT_TURNS, token_advantages
 from models.vision import decoder_blocks, drop_vision_tower, encode_row_segments, encode_videos
 from models.vlm_module import VLMModule, rank0_weights
 from parallel.prefill import sequence_parallel_completion_logprobs
@@ -120,6 +121,10 @@ class GRPOModule(VLMModule):
         max_logprob_gap: stop the run (with a checkpoint) when the step's mean trainer-engine
             gap (nats per token) exceeds this for ``max_gap_steps`` steps in a row; null: never.
         max_gap_steps: consecutive steps over ``max_logprob_gap`` that stop the run.
+        policy_gradient_turns: which turns of a tool-use episode the policy gradient trains:
+            ``all`` (default) or ``requests``, the turns that end in a frame request (the
+            answer turn, after the last tool reply, then gets only the KL term):
+            :mod:`models.rl.turns`. ``requests`` needs tool-use rollouts.
     """
 
     trains_on_targets = False  # a training batch is prompts; the rollouts come with it (below)
@@ -149,6 +154,7 @@ class GRPOModule(VLMModule):
         gap_frame_buckets: list[int] | None = None,
         max_logprob_gap: float | None = None,
         max_gap_steps: int = 3,
+        policy_gradient_turns: str = "all",
         **kwargs: Any,
     ) -> None:
         # RL's own defaults for three shared settings; every other VLMModule argument passes through.
@@ -169,6 +175,10 @@ class GRPOModule(VLMModule):
             raise ValueError(f"max_logprob_gap must be > 0 or null, got {max_logprob_gap}")
         if max_gap_steps < 1:
             raise ValueError(f"max_gap_steps must be >= 1, got {max_gap_steps}")
+        if policy_gradient_turns not in POLICY_GRADIENT_TURNS:
+            raise ValueError(
+                f"policy_gradient_turns must be one of {POLICY_GRADIENT_TURNS}, got {policy_gradient_turns!r}"
+            )
         self.steps_over_gap = 0
         """Consecutive steps whose mean trainer-engine gap exceeded ``max_logprob_gap``."""
         # Scores completions with the sequence split when the strategy hands it a shard.
@@ -179,10 +189,19 @@ class GRPOModule(VLMModule):
         object.__setattr__(self, "_reference_scope", None)
 
     # -- what the rollout callback hands over (rollout.experience.RolloutConsumer) --------------
-    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+    def check_experience(
+        self, group_size: int, engine_dtype: torch.dtype | None, episodes: bool = False
+    ) -> None:
         """Refuse experience this module cannot learn from (G completions per prompt, sampled in
-        ``engine_dtype``; None: the policy's own); warn about wasteful settings."""
+        ``engine_dtype``; None: the policy's own; tool-use ``episodes`` or single turns); warn
+        about wasteful settings."""
         problems = []
+        if self.hparams.policy_gradient_turns == "requests" and not episodes:
+            problems.append(
+                "model.init_args.policy_gradient_turns=requests trains the turns that end in a frame "
+                "request, and these rollouts are single turns (no request): turn the RL callback's "
+                "tool_use on, or train every turn (policy_gradient_turns=all)"
+            )
         if engine_dtype is not None and engine_dtype != self.compute_dtype:
             if self.correction is None:
                 problems.append(
@@ -283,7 +302,13 @@ class GRPOModule(VLMModule):
         total_rows = int(rollout.row_mask.shape[0])
         mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
         normalizers = loss_normalizers(mask, self.hparams.loss_aggregation, self.sum_over_data)
-        trained = rows_that_train(rollout.advantages, rollout.row_mask, self.hparams.kl_coef)
+        advantages = token_advantages(
+            rollout.advantages,
+            rollout.scoring.completion_mask,
+            rollout.scoring.completion_lengths(),
+            self.hparams.policy_gradient_turns,
+        )
+        trained = rows_that_train(advantages, rollout.row_mask, self.hparams.kl_coef)
         chunks = micro_batches(trained, self.hparams.micro_batch_rows)
         every_row = micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows)
         passes = self._passes(len(chunks))
@@ -298,7 +323,7 @@ class GRPOModule(VLMModule):
             for index, (rows, reference) in enumerate(zip(chunks, references, strict=False)):
                 first = iteration == 0
                 stats = self._accumulate_gradients(
-                    rollout, rows, mask, normalizers, reference, old_policy, index, first_iteration=first
+                    rollout, rows, advantages, mask, normalizers, reference, old_policy, index, first
                 )
                 merge_stats(totals, stats)
             for rows in idle:
@@ -434,6 +459,7 @@ class GRPOModule(VLMModule):
         self,
         rollout: Experience,
         rows: list[int],
+        advantages: torch.Tensor,
         mask: torch.Tensor,
         normalizers: dict[str, float],
         reference: torch.Tensor | None,
@@ -441,8 +467,10 @@ class GRPOModule(VLMModule):
         index: int,
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
-        """Forward + backward of the given rows (micro-batch ``index``); returns token-weighted
-        statistics. With rollout correction the first iteration fills ``old_policy[index]``."""
+        """Forward + backward of the given rows (micro-batch ``index``) with the rollout's
+        ``advantages`` (one per row, or per token: :func:`models.rl.turns.token_advantages`);
+        returns token-weighted statistics. With rollout correction the first iteration fills
+        ``old_policy[index]``."""
         scoring, logprobs, engine, entropy = self._score(
             rollout, rows, self._video_embeds(rollout, rows), self._segment_embeds(rollout, rows)
         )
@@ -463,7 +491,7 @@ class GRPOModule(VLMModule):
         loss, stats = policy_loss(
             logprobs,
             old,
-            rollout.advantages[rows].to(self.device),
+            advantages[rows].to(self.device),
             chunk_mask,
             clip_low=self.hparams.clip_low,
             clip_high=self.hparams.clip_high,
@@ -657,14 +685,15 @@ assert all(is_max_statistic(name) for name in MAX_STATISTICS)
 def rows_that_train(advantages: torch.Tensor, row_mask: torch.Tensor, kl_coef: float) -> list[int]:
     """Rows whose policy pass can change the update.
 
-    A row filtered out (``row_mask`` 0) has no valid token. A row with advantage 0 adds
-    exactly 0 to the policy-gradient term (every per-token loss is a multiple of A), so
-    without a KL term its forward and backward are skipped; the loss normalisers still count
-    its tokens, so the update is unchanged. With a KL term every unfiltered row trains.
+    A row filtered out (``row_mask`` 0) has no valid token. A row whose advantage is 0 (on
+    every token, for per-token ``advantages``) adds exactly 0 to the policy-gradient term
+    (every per-token loss is a multiple of A), so without a KL term its forward and backward
+    are skipped; the loss normalisers still count its tokens, so the update is unchanged. With
+    a KL term every unfiltered row trains.
     """
     keep = row_mask > 0
     if kl_coef == 0.0:
-        keep &= advantages != 0
+        keep &= (advantages != 0).reshape(len(keep), -1).any(dim=-1)
     return keep.nonzero().flatten().tolist()
 
 

@@ -223,9 +223,12 @@ class RolloutConsumer(Protocol):
         """The vision tower's output, one tensor per video (shared out over ``sequence_shard``)."""
         ...
 
-    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+    def check_experience(
+        self, group_size: int, engine_dtype: torch.dtype | None, episodes: bool = False
+    ) -> None:
         """Raise ``ValueError`` listing every way G completions per prompt, sampled in
-        ``engine_dtype`` (None: the policy's own), cannot work with the module's settings."""
+        ``engine_dtype`` (None: the policy's own), as tool-use ``episodes`` or single turns,
+        cannot work with the module's settings."""
         ...
 
 

@@ -16,13 +16,16 @@ from typing import Any
 
 import lightning as L
 import pytest
+import torch
 from helpers.biased_models import save_biased_model
 from helpers.grpo_helpers import fit_tiny_grpo
 
+import models.grpo
 from callbacks.rl_rollout import RolloutCallback
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from models.grpo import GRPOModule
 from rewards.combine import RewardSpec
+from rewards.registry import register
 from rollout.hf_engine import TransformersEngine
 from rollout.vllm_engine import VLLMEngine
 
@@ -55,20 +58,39 @@ def asking_model_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: P
     return save_biased_model(tiny_model_dir, tmp_path_factory.mktemp("asking") / "model", "</tool_call>")
 
 
-def fit(model_dir: Path, synth_dir: Path, tmp_path: Path, engine: Any, *, tool_use: bool = True) -> L.Trainer:
+@register("test_row_order")
+def row_order(completions: list[str], **_: Any) -> list[float]:
+    """A reward that differs between the episodes of a group, however alike they are."""
+    return [float(i) for i in range(len(completions))]
+
+
+def fit(
+    model_dir: Path,
+    synth_dir: Path,
+    tmp_path: Path,
+    engine: Any,
+    *,
+    tool_use: bool = True,
+    steps: int = 2,
+    rewards: tuple[str, ...] = ("format", "frame_requests"),
+    **module_args: Any,
+) -> L.Trainer:
     L.seed_everything(0)
-    module = GRPOModule(str(model_dir), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
+    module = GRPOModule(
+        str(model_dir), learning_rate=1e-3, max_new_tokens=8, **{"kl_coef": 0.1, **module_args}
+    )
+    weights = {"format": 1.0, "frame_requests": -0.1, "test_row_order": 1.0}
     rollout = RolloutCallback(
         engine=engine,
         num_generations=3,
         max_new_tokens=8,
-        rewards=[RewardSpec("format", 1.0), RewardSpec("frame_requests", -0.1)],
+        rewards=[RewardSpec(name, weights[name]) for name in rewards],
         tool_use=TOOL_USE,
     )
     episodes = Episodes()
     callbacks = [EveryAnswerInTheFirstSecond(), rollout, episodes]
     trainer = fit_tiny_grpo(
-        module, model_dir, synth_dir, tmp_path, steps=2, callbacks=callbacks, tool_use=tool_use
+        module, model_dir, synth_dir, tmp_path, steps=steps, callbacks=callbacks, tool_use=tool_use
     )
     trainer.episodes = episodes  # type: ignore[attr-defined]
     return trainer
@@ -115,6 +137,42 @@ def test_tool_use_refuses_a_setup_that_cannot_run(
         fit(asking_model_dir, synth_dir, tmp_path, VLLMEngine(dtype="float32"))
     with pytest.raises(ValueError, match="unknown settings"):
         RolloutCallback(engine=TransformersEngine(), tool_use={"max_call": 2})
+
+
+def test_request_turns_alone_take_the_policy_gradient(
+    asking_model_dir: Path, synth_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each episode: four one-token turns (three requests answered by the tool, a fourth that
+    # asks again and ends the episode). The loss must see each row's advantage on the first
+    # three turns' tokens and 0 on the last turn's, the tool's replies and the padding.
+    seen: list[torch.Tensor] = []
+    real_loss = models.grpo.policy_loss
+
+    def spied(*args: torch.Tensor, **kw: Any) -> Any:
+        logprobs, old, advantages, mask = args
+        seen.append(advantages.detach().cpu().clone())
+        return real_loss(logprobs, old, advantages, mask, **kw)
+
+    monkeypatch.setattr(models.grpo, "policy_loss", spied)
+    trainer = fit(
+        asking_model_dir, synth_dir, tmp_path, TransformersEngine(), steps=1,
+        rewards=("test_row_order",), kl_coef=0.0, policy_gradient_turns="requests",
+    )  # fmt: skip
+    assert trainer.episodes.turns == [[4] * 6]  # type: ignore[attr-defined]
+    (advantages,) = seen
+    # Rewards 0, 1, 2 in each group: the middle episode's advantage is 0 and, with no KL term,
+    # its row is skipped; the other four train.
+    assert advantages.dim() == 2 and advantages.shape[0] == 4
+    for row in advantages:
+        trained = row.nonzero().flatten().tolist()
+        assert len(trained) == 3, row  # the three request turns' tokens, nothing after them
+        assert len(set(row[trained].tolist())) == 1 and row[trained][0] != 0  # the row's advantage
+        assert trained[-1] < row.shape[0] - 1  # the last turn's token stands after them, at 0
+    # Single-turn rollouts have no request turn to train: refused before the run.
+    with pytest.raises(ValueError, match="policy_gradient_turns=requests"):
+        GRPOModule(str(asking_model_dir), policy_gradient_turns="requests").check_experience(3, None)
+    with pytest.raises(ValueError, match="policy_gradient_turns must be one of"):
+        GRPOModule(str(asking_model_dir), policy_gradient_turns="answers")
 
 
 def test_validation_runs_tool_use_episodes(asking_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:

@@ -188,7 +188,9 @@ class TinyConsumer:
     def encode_videos(self, pixels: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
         return encode_videos(self.model, pixels, grids)
 
-    def check_experience(self, group_size: int, engine_dtype: torch.dtype | None) -> None:
+    def check_experience(
+        self, group_size: int, engine_dtype: torch.dtype | None, episodes: bool = False
+    ) -> None:
         pass
 
 
