@@ -59,7 +59,7 @@ from models.rl.step_statistics import (
     is_max_statistic,
     merge_stats,
 )
-from models.rl.turns import POLICY_GRADIENT_TURNS, token_advantages
+from models.rl.turns import POLICY_GRADIENT_TURNS, PolicyGradientTurns, request_turn_advantages
 from models.vision import decoder_blocks, drop_vision_tower, encode_row_segments, encode_videos
 from models.vlm_module import VLMModule, rank0_weights
 from parallel.prefill import sequence_parallel_completion_logprobs
@@ -154,7 +154,7 @@ class GRPOModule(VLMModule):
         gap_frame_buckets: list[int] | None = None,
         max_logprob_gap: float | None = None,
         max_gap_steps: int = 3,
-        policy_gradient_turns: str = "all",
+        policy_gradient_turns: PolicyGradientTurns = "all",
         **kwargs: Any,
     ) -> None:
         # RL's own defaults for three shared settings; every other VLMModule argument passes through.
@@ -302,12 +302,11 @@ class GRPOModule(VLMModule):
         total_rows = int(rollout.row_mask.shape[0])
         mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
         normalizers = loss_normalizers(mask, self.hparams.loss_aggregation, self.sum_over_data)
-        advantages = token_advantages(
-            rollout.advantages,
-            rollout.scoring.completion_mask,
-            rollout.scoring.completion_lengths(),
-            self.hparams.policy_gradient_turns,
-        )
+        advantages = rollout.advantages
+        if self.hparams.policy_gradient_turns == "requests":
+            advantages = request_turn_advantages(
+                advantages, rollout.scoring.completion_mask, rollout.scoring.completion_lengths()
+            )
         trained = rows_that_train(advantages, rollout.row_mask, self.hparams.kl_coef)
         chunks = micro_batches(trained, self.hparams.micro_batch_rows)
         every_row = micro_batches(list(range(total_rows)), self.hparams.micro_batch_rows)
@@ -468,7 +467,7 @@ class GRPOModule(VLMModule):
         first_iteration: bool,
     ) -> dict[str, torch.Tensor]:
         """Forward + backward of the given rows (micro-batch ``index``) with the rollout's
-        ``advantages`` (one per row, or per token: :func:`models.rl.turns.token_advantages`);
+        ``advantages`` (one per row, or per token: :func:`models.rl.turns.request_turn_advantages`);
         returns token-weighted statistics. With rollout correction the first iteration fills
         ``old_policy[index]``."""
         scoring, logprobs, engine, entropy = self._score(

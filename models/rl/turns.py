@@ -44,21 +44,17 @@ def request_turn_mask(completion_mask: Tensor, completion_lengths: list[int]) ->
     return completion_mask * (columns < last_written.unsqueeze(-1))
 
 
-def token_advantages(
-    advantages: Tensor, completion_mask: Tensor, completion_lengths: list[int], turns: PolicyGradientTurns
+def request_turn_advantages(
+    advantages: Tensor, completion_mask: Tensor, completion_lengths: list[int]
 ) -> Tensor:
-    """The advantage each token trains with: the row's own on every token (``all``, returned
-    as the ``(rows,)`` it is), or on its request turns only, 0 on the rest (``requests``,
-    ``(rows, width)``).
+    """The advantage each token trains with under ``policy_gradient_turns: requests``: the
+    row's own on its request turns, 0 on the rest, ``(rows, width)``. (Under ``all`` every
+    token trains with its row's advantage: the ``(rows,)`` advantages are used as they are.)
 
     >>> mask = torch.tensor([[1., 0., 1.], [1., 1., 0.]])
-    >>> token_advantages(torch.tensor([0.5, 2.0]), mask, [3, 2], "requests")
+    >>> request_turn_advantages(torch.tensor([0.5, 2.0]), mask, [3, 2])
     tensor([[0.5000, 0.0000, 0.0000],
             [0.0000, 0.0000, 0.0000]])
     """
-    if turns == "all":
-        return advantages
-    if turns != "requests":
-        raise ValueError(f"policy_gradient_turns must be one of {POLICY_GRADIENT_TURNS}, got {turns!r}")
     request_turns = request_turn_mask(completion_mask, completion_lengths).to(advantages.device)
     return advantages.unsqueeze(-1) * request_turns
