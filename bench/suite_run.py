@@ -9,7 +9,7 @@ conditions, passed, skipped, failed, pytest's and the whole script's seconds, wh
 behind), ``junit.xml`` and the log.
 
 Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--commit REV]
-       [--threads 1] [--beside-other-work]
+       [--threads 1] [--workers 3] [--beside-other-work]
 """
 
 from __future__ import annotations
@@ -56,6 +56,9 @@ def counts(summary: str) -> dict[str, int]:
 def main() -> None:
     parser = recorder_arguments(__doc__, "ci.json, junit.xml and the log")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the run")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="pytest-xdist workers (make's TEST_WORKERS; default 2)"
+    )
     args = parser.parse_args()
 
     commit, clone = fresh_clone(args.commit, args.work)
@@ -64,6 +67,8 @@ def main() -> None:
     extra = {"PYTEST_ADDOPTS": f"--junitxml={junit}"}
     if args.threads is not None:
         extra["OMP_NUM_THREADS"] = str(args.threads)
+    if args.workers is not None:
+        extra["TEST_WORKERS"] = str(args.workers)
     print(f"suite_run: {commit} in {clone}", flush=True)
     with LoadSampler() as load:
         status, seconds = timed(
@@ -77,6 +82,8 @@ def main() -> None:
     summary, pytest_seconds = summaries[-1]
     tests = ElementTree.parse(junit).getroot().iter("testcase") if junit.exists() else iter(())
     conditions = [f"OMP_NUM_THREADS={args.threads}" if args.threads is not None else "default threads"]
+    if args.workers is not None:
+        conditions.append(f"TEST_WORKERS={args.workers}")
     conditions.append(load.describe(".ci/run", alone=not args.beside_other_work))
     record = {
         "command": "python " + " ".join(["bench/suite_run.py", *sys.argv[1:]]) + "  (git clone; .ci/run)",
