@@ -124,7 +124,7 @@ class GRPOModule(VLMModule):
         policy_gradient_turns: which turns of a tool-use episode the policy gradient trains:
             ``all`` (default) or ``requests``, the turns that end in a frame request (the
             answer turn, after the last tool reply, then gets only the KL term):
-            :mod:`models.rl.turns`. ``requests`` needs tool-use rollouts.
+            :mod:`models.rl.turns`. ``requests`` needs tool-use rollouts and token-level ratios.
     """
 
     trains_on_targets = False  # a training batch is prompts; the rollouts come with it (below)
@@ -178,6 +178,13 @@ class GRPOModule(VLMModule):
         if policy_gradient_turns not in POLICY_GRADIENT_TURNS:
             raise ValueError(
                 f"policy_gradient_turns must be one of {POLICY_GRADIENT_TURNS}, got {policy_gradient_turns!r}"
+            )
+        if policy_gradient_turns == "requests" and ratio_level == "sequence":
+            # GSPO's ratio is one per sequence, over every sampled token: it would clip the request
+            # turns by a ratio the untrained answer turn moves.
+            raise ValueError(
+                "policy_gradient_turns=requests trains part of each completion and ratio_level=sequence "
+                "(GSPO) clips by a ratio over the whole completion: use ratio_level=token with it"
             )
         self.steps_over_gap = 0
         """Consecutive steps whose mean trainer-engine gap exceeded ``max_logprob_gap``."""

@@ -173,6 +173,8 @@ def test_request_turns_alone_take_the_policy_gradient(
         GRPOModule(str(asking_model_dir), policy_gradient_turns="requests").check_experience(3, None)
     with pytest.raises(ValueError, match="policy_gradient_turns must be one of"):
         GRPOModule(str(asking_model_dir), policy_gradient_turns="answers")
+    with pytest.raises(ValueError, match="ratio_level=token"):
+        GRPOModule(str(asking_model_dir), policy_gradient_turns="requests", ratio_level="sequence")
 
 
 def test_validation_runs_tool_use_episodes(asking_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
