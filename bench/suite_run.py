@@ -53,6 +53,14 @@ def counts(summary: str) -> dict[str, int]:
     }
 
 
+def makefile_workers(clone: Path) -> int:
+    """The clone's default pytest-xdist worker count (``TEST_WORKERS ?= N`` in its Makefile)."""
+    found = re.search(r"^TEST_WORKERS \?= (\d+)$", (clone / "Makefile").read_text(), re.MULTILINE)
+    if found is None:
+        raise SystemExit(f"no 'TEST_WORKERS ?= N' in {clone / 'Makefile'}")
+    return int(found.group(1))
+
+
 def main() -> None:
     parser = recorder_arguments(__doc__, "ci.json, junit.xml and the log")
     parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the run")
@@ -82,8 +90,7 @@ def main() -> None:
     summary, pytest_seconds = summaries[-1]
     tests = ElementTree.parse(junit).getroot().iter("testcase") if junit.exists() else iter(())
     conditions = [f"OMP_NUM_THREADS={args.threads}" if args.threads is not None else "default threads"]
-    if args.workers is not None:
-        conditions.append(f"TEST_WORKERS={args.workers}")
+    workers = args.workers if args.workers is not None else makefile_workers(clone)
     conditions.append(load.describe(".ci/run", alone=not args.beside_other_work))
     record = {
         "command": "python " + " ".join(["bench/suite_run.py", *sys.argv[1:]]) + "  (git clone; .ci/run)",
@@ -96,6 +103,7 @@ def main() -> None:
         "pytest_seconds": round(float(pytest_seconds)),
         "total_seconds": seconds,
         "worker_seconds": round(sum(float(case.get("time", 0)) for case in tests)),
+        "workers": workers,
         "left_behind": after,
     }
     (args.out / "ci.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -136,7 +136,8 @@ def suite_block(root: Path) -> str:
     machine = run["machine"]
     workers = ""
     if "worker_seconds" in run:
-        workers = f", {run['worker_seconds']:,} worker-seconds over both workers"
+        over = f"its {run['workers']} workers" if "workers" in run else "both workers"
+        workers = f", {run['worker_seconds']:,} worker-seconds over {over}"
     return (
         f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s{workers}, "
         f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
