@@ -51,11 +51,21 @@ def clean_environment(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def cpu_times() -> tuple[int, int]:
+    """``(busy, total)`` jiffies of all CPUs since boot (/proc/stat; idle and iowait are not busy)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - fields[3] - fields[4], total
+
+
 class LoadSampler:
-    """The 1-minute load average every ``every`` seconds, on a thread, until stopped."""
+    """The 1-minute load average every ``every`` seconds, on a thread, until stopped, and the
+    machine's CPU busy fraction over the whole span."""
 
     def __init__(self, every: float = 30.0) -> None:
         self.samples: list[float] = []
+        self.busy_fraction: float | None = None
+        self._start = cpu_times()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
 
@@ -64,12 +74,15 @@ class LoadSampler:
             self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
 
     def __enter__(self) -> LoadSampler:
+        self._start = cpu_times()
         self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+        busy, total = (end - start for end, start in zip(cpu_times(), self._start, strict=True))
+        self.busy_fraction = busy / total if total else None
 
     def describe(self, what: str, alone: bool) -> str:
         if not self.samples:
@@ -78,6 +91,7 @@ class LoadSampler:
         return (
             f"{where}: 1-minute load average median {statistics.median(self.samples):.2f}, max "
             f"{max(self.samples):.2f} ({len(self.samples)} samples, one per 30 s)"
+            + (f", CPU busy {self.busy_fraction:.0%} of the time" if self.busy_fraction is not None else "")
         )
 
 
