@@ -65,7 +65,7 @@ def rollout_callback(config: dict[str, Any]) -> dict[str, Any]:
 def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", append: bool = False) -> Usage:
     """``lvrl ARGUMENTS`` from the repository root, its output in ``run_dir/log_name``; returns
     what it used. Every attempt, finished or not, appends a line to ``run_dir/attempts.jsonl``:
-    the lvrl command, the bench command, commit, machine and date, exit status, CPU and wall
+    the lvrl command, the bench command, commit, machine and date (at its start), exit status, CPU and wall
     seconds (:mod:`bench.process_usage`), so a stage run over several attempts says which code
     ran each part and what the whole cost.
 
@@ -75,10 +75,13 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / log_name
+    # Read when the command starts: the code it imports is the checkout's at that moment, and
+    # commits made while a long stage runs do not change it.
+    started = provenance(sys.argv)
     with log_path.open("a" if append else "w") as log:
         command = [sys.executable, "-m", "app", *arguments]
         usage = run_counted(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    record = {"lvrl": arguments, **provenance(sys.argv), **dataclasses.asdict(usage)}
+    record = {"lvrl": arguments, **started, **dataclasses.asdict(usage)}
     with (run_dir / ATTEMPTS).open("a") as attempts:
         attempts.write(json.dumps(record) + "\n")
     if usage.exit_status != 0:
