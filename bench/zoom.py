@@ -301,12 +301,14 @@ def flattened(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def is_location(key: str, config: dict[str, Any]) -> bool:
     """Keys that say where a stage's files live (its folder, its logger's, the model it starts
-    from, all under ``--out``) rather than what it trains: a folder restored from another
-    ``--out`` differs there only. ``val_check_interval`` is inert while the stage validates
-    nothing (``limit_val_batches: 0``, as every stage here)."""
+    from, all under ``--out``) or which of its checkpoints stay on disk (``save_top_k``) rather
+    than what it trains: a folder restored from another ``--out``, or a recipe run that kept
+    every checkpoint for a probe, differs there only. ``val_check_interval`` is inert while the
+    stage validates nothing (``limit_val_batches: 0``, as every stage here)."""
     inert = key == "trainer.val_check_interval" and config["trainer"].get("limit_val_batches") == 0
     return (
         inert
+        or (key.startswith("trainer.callbacks.") and key.endswith(".init_args.save_top_k"))
         or key in {"trainer.default_root_dir", "model.init_args.model_path"}
         or (key.startswith("trainer.logger.") and key.endswith(".save_dir"))
     )

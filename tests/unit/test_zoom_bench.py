@@ -401,6 +401,15 @@ def test_a_stage_run_with_another_recipe_is_refused_not_reported(tmp_path: Path)
     with pytest.raises(SystemExit, match=re.escape(changed)):
         zoom.train(grpo_dir, grpo)
     assert zoom.train(grpo_dir, hotter) == zoom.Cost(5.0)
+    # A recipe run that kept every checkpoint (for a probe of its steps) trained the same thing.
+    checkpoint = next(
+        i for i, c in enumerate(hotter["trainer"]["callbacks"]) if "RunCheckpoint" in c["class_path"]
+    )
+    kept_all = with_settings(
+        copy.deepcopy(hotter), [f"trainer.callbacks.{checkpoint}.init_args.save_top_k=-1"]
+    )
+    (grpo_dir / "config.yaml").write_text(yaml.safe_dump(kept_all))
+    assert zoom.train(grpo_dir, hotter) == zoom.Cost(5.0)
 
 
 def attempt(run_dir: Path, cpu_seconds: float | None, **more: object) -> None:
