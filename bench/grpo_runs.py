@@ -26,7 +26,7 @@ import yaml
 
 from app.commands.report import read_text
 from bench.process_usage import Usage, run_counted
-from evaluation.provenance import provenance
+from evaluation.provenance import commit, provenance
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_GRPO = REPO / "configs/demo/grpo.yaml"
@@ -75,9 +75,10 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / log_name
-    # Read when the command starts: the code it imports is the checkout's at that moment, and
-    # commits made while a long stage runs do not change it.
-    started = provenance(sys.argv)
+    # The checkout when the command starts (not this bench's start, nor the command's end): the
+    # code it imports is the checkout's at that moment, and commits made while it runs do not
+    # change it.
+    started = {**provenance(sys.argv), "commit": commit()}
     with log_path.open("a" if append else "w") as log:
         command = [sys.executable, "-m", "app", *arguments]
         usage = run_counted(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -26,9 +26,15 @@ def commit(root: Path = REPO_ROOT) -> str:
     """The checked-out commit, ``+changes`` when tracked files differ from it; ``unknown``
     outside a git checkout. (Untracked files, such as a run's own results, do not count.)
     :data:`SOURCE_COMMIT_VARIABLE`, when set, is taken instead, marked as stated."""
+    return _stated_commit() or _checkout_commit(root)
+
+
+def _stated_commit() -> str | None:
     stated = os.environ.get(SOURCE_COMMIT_VARIABLE)
-    if stated:
-        return f"{stated} (stated by {SOURCE_COMMIT_VARIABLE})"
+    return f"{stated} (stated by {SOURCE_COMMIT_VARIABLE})" if stated else None
+
+
+def _checkout_commit(root: Path) -> str:
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
@@ -39,6 +45,17 @@ def commit(root: Path = REPO_ROOT) -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+# Read once, when a script imports this module (at its start): the code a long run executes is
+# the checkout's at that moment, and a commit made while it works must not be recorded as its.
+_CHECKOUT_AT_START = _checkout_commit(REPO_ROOT)
+
+
+def running_commit() -> str:
+    """The commit of the code this process runs: the checkout when the process imported this
+    module (its start, for the bench scripts that record results), or the stated one."""
+    return _stated_commit() or _CHECKOUT_AT_START
 
 
 def cpu_model() -> str:
@@ -53,10 +70,11 @@ def cpu_model() -> str:
 
 
 def provenance(command: Sequence[str], gpu: str | None = None) -> dict[str, Any]:
-    """``{command, commit, machine, date}`` of a run of ``command`` (its argv) on this machine."""
+    """``{command, commit, machine, date}`` of a run of ``command`` (its argv) on this machine;
+    the commit is :func:`running_commit`, the checkout the process started from."""
     return {
         "command": " ".join(command),
-        "commit": commit(),
+        "commit": running_commit(),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu},
         "date": time.strftime("%Y-%m-%d"),
     }
