@@ -64,8 +64,9 @@ class LoadSampler:
 
     def __init__(self, every: float = 30.0) -> None:
         self.samples: list[float] = []
+        self.every = every
         self.busy_fraction: float | None = None
-        self._start = cpu_times()
+        self._start = (0, 0)  # read when the span starts (__enter__)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
 
@@ -86,11 +87,11 @@ class LoadSampler:
 
     def describe(self, what: str, alone: bool) -> str:
         if not self.samples:
-            return "not sampled (under 30 s)"
+            return f"not sampled (under {self.every:g} s)"
         where = f"{what} alone on the machine" if alone else f"{what} beside other work"
         return (
             f"{where}: 1-minute load average median {statistics.median(self.samples):.2f}, max "
-            f"{max(self.samples):.2f} ({len(self.samples)} samples, one per 30 s)"
+            f"{max(self.samples):.2f} ({len(self.samples)} samples, one per {self.every:g} s)"
             + (f", CPU busy {self.busy_fraction:.0%} of the time" if self.busy_fraction is not None else "")
         )
 
