@@ -3,10 +3,11 @@
 
 Clones the repository at a commit into ``--work`` and runs ``.ci/run`` there (``make test``:
 the virtual environment's set-up, ruff, then pytest), timed, the load sampled every 30 s, with
-per-test durations (``--junitxml``); then waits 20 s and lists every process whose command line
-still names the clone. Writes to ``--out``: ``ci.json`` (command, commit, machine, date,
-conditions, passed, skipped, failed, pytest's and the whole script's seconds, what was left
-behind), ``junit.xml`` and the log.
+per-test durations (``--junitxml``) and CPU seconds (``tests/helpers/cpu_seconds.py``); then
+waits 20 s and lists every process whose command line still names the clone. Writes to
+``--out``: ``ci.json`` (command, commit, machine, date, conditions, passed, skipped, failed,
+pytest's and the whole script's seconds, what was left behind, the suite's CPU seconds),
+``junit.xml``, ``cpu.jsonl`` (each test's CPU seconds) and the log.
 
 Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--commit REV]
        [--threads 1] [--workers 3] [--beside-other-work]
@@ -53,6 +54,16 @@ def counts(summary: str) -> dict[str, int]:
     }
 
 
+def cpu_seconds(log: Path) -> dict[str, float] | None:
+    """The suite's CPU seconds from ``helpers.cpu_seconds``'s lines: in the pytest workers, in the
+    commands they waited for, and in all; None where the clone has no such plugin."""
+    if not log.exists():
+        return None
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    own, children = (round(sum(line[key] for line in lines)) for key in ("own", "children"))
+    return {"tests": own, "their_commands": children, "total": own + children}
+
+
 def makefile_workers(clone: Path) -> int:
     """The clone's default pytest-xdist worker count (``TEST_WORKERS ?= N`` in its Makefile)."""
     found = re.search(r"^TEST_WORKERS \?= (\d+)$", (clone / "Makefile").read_text(), re.MULTILINE)
@@ -73,6 +84,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     junit = args.out.resolve() / "junit.xml"
     extra = {"PYTEST_ADDOPTS": f"--junitxml={junit}"}
+    cpu_log = args.out.resolve() / "cpu.jsonl"
+    cpu_log.unlink(missing_ok=True)
+    if (clone / "tests" / "helpers" / "cpu_seconds.py").exists():  # commits before it lack the plugin
+        extra["PYTEST_ADDOPTS"] += " -p helpers.cpu_seconds"
+        extra["LVRL_TEST_CPU_LOG"] = str(cpu_log)
     if args.threads is not None:
         extra["OMP_NUM_THREADS"] = str(args.threads)
     if args.workers is not None:
@@ -104,6 +120,7 @@ def main() -> None:
         "total_seconds": seconds,
         "worker_seconds": round(sum(float(case.get("time", 0)) for case in tests)),
         "workers": workers,
+        "cpu_seconds": cpu_seconds(cpu_log),
         "left_behind": after,
     }
     (args.out / "ci.json").write_text(json.dumps(record, indent=1) + "\n")
