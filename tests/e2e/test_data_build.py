@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers.cli import run_cli, run_lvrl_expecting_failure
+from helpers.cli import run_lvrl, run_lvrl_expecting_failure
 
 from datamodules.longvideo_reason import LongVideoReasonDataModule
 from datamodules.shards import resolve_shards
@@ -127,7 +127,7 @@ def _bytes(out: Path) -> dict[str, bytes]:
 def test_build_writes_every_good_row_and_rejects_every_bad_one_with_its_reason(released, tmp_path):
     jsonl, videos = released
     out = tmp_path / "shards"
-    done = run_cli(
+    done = run_lvrl(
         "data",
         "build",
         "--jsonl",

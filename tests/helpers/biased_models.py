@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -10,9 +11,12 @@ from transformers import AutoProcessor
 from models.loading import load_model
 
 
-def save_biased_model(model_dir: Path, out: Path, token: str, margin: float = 40.0) -> Path:
+def save_biased_model(
+    model_dir: Path, out: Path, token: str, margin: float = 40.0, share: float | None = None
+) -> Path:
     """A copy of ``model_dir`` in ``out`` that emits ``token`` next, ``margin`` logits above the
-    rest (40: always; about 0: as often as the likeliest other token).
+    rest (40: always; about 0: as often as the likeliest other token), or, given ``share``, with
+    that probability (the other tokens keep their own distribution, scaled by ``1 - share``).
 
     The last layer's value bias becomes large and its value weights zero: attention weights sum
     to 1, so every position gets the same large vector added (through ``o_proj``), and after
@@ -35,7 +39,12 @@ def save_biased_model(model_dir: Path, out: Path, token: str, margin: float = 40
         assert torch.nn.functional.cosine_similarity(hidden, direction.expand_as(hidden)).min() > 0.999
         head = model.lm_head.weight
         others = head @ direction
-        head[token_id] = direction / direction.norm() ** 2 * (float(others.max()) + margin)
+        if share is None:
+            logit = float(others.max()) + margin
+        else:  # p = e^l / (e^l + sum of the others' e^l)  <=>  l = log(p / (1 - p)) + logsumexp(others)
+            others[token_id] = -torch.inf
+            logit = math.log(share / (1 - share)) + float(torch.logsumexp(others, dim=0))
+        head[token_id] = direction / direction.norm() ** 2 * logit
     model.save_pretrained(out)
     processor.save_pretrained(out)
     return out
