@@ -13,6 +13,7 @@ SIGTERM at a fixed point go through the same CLI in this process (:func:`helpers
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -27,6 +28,13 @@ import yaml
 from helpers.biased_models import save_biased_model
 from helpers.cli import PROBES_ENV, REPO_ROOT, lvrl, run_lvrl
 from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config, tool_grpo_config
+from helpers.process_tree import (
+    EXIT_WITHIN,
+    TREE_WITHIN,
+    EndedCommand,
+    assert_stopped_with_a_checkpoint,
+    run_to_its_end,
+)
 from helpers.runs import steps_of, weights_of
 from helpers.tolerances import assert_identical
 
@@ -50,47 +58,45 @@ def recorded_sft_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_di
     )
 
 
-def start_fit(
-    config: Path, stderr: int = subprocess.PIPE, *args: str, own_group: bool = False
-) -> subprocess.Popen:
-    """`lvrl fit --config CONFIG ARGS` in the background (offline wandb, the test probes
-    importable); with ``own_group``, in a process group of its own (its data workers too)."""
+def start_fit(config: Path, stderr: int = subprocess.PIPE) -> subprocess.Popen:
+    """`lvrl fit --config CONFIG` in the background (offline wandb, the test probes importable)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "app", "fit", "--config", str(config), *args],
+        [sys.executable, "-m", "app", "fit", "--config", str(config)],
         cwd=REPO_ROOT,
         env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
         text=True,
-        start_new_session=own_group,
     )
 
 
 def run_until(
-    config: Path, run_dir: Path, step: int, sig: int, *args: str, timeout: float = 300, group: bool = False
-) -> int:
-    """Start `lvrl fit ARGS`, send ``sig`` once step ``step`` has finished; return the exit code.
+    config: Path, run_dir: Path, step: int, sig: int, *args: str, group: bool = False
+) -> EndedCommand:
+    """`lvrl fit ARGS` in a session of its own, sent ``sig`` once step ``step`` has finished; how
+    it ended. Every process it started must be gone soon after (the checks and bounds of
+    tests/e2e/test_exit_hygiene.py: this is its SIGTERM to the group and SIGKILL to the trainer).
 
     With ``group``, the signal goes to the run's whole process group, as a job scheduler, a
     shell's Ctrl-C or `timeout` send it: the data loader's workers get it too."""
-    process = start_fit(config, subprocess.PIPE, *args, own_group=group)
     steps = run_dir / "steps.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        if steps.exists() and any(json.loads(x)["step"] >= step for x in steps.read_text().splitlines()):
-            if group:
-                os.killpg(process.pid, sig)
-            else:
-                process.send_signal(sig)
-            break
-        time.sleep(0.05)
-    try:
-        _, stderr = process.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    assert process.returncode is not None, stderr[-3000:]
-    return process.returncode
+
+    def reached() -> bool:
+        with contextlib.suppress(FileNotFoundError, ValueError):  # not written yet, or a line half-written
+            return any(json.loads(x)["step"] >= step for x in steps.read_text().splitlines())
+        return False
+
+    return run_to_its_end(
+        [sys.executable, "-m", "app", "fit", "--config", str(config), *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV},
+        output_dir=run_dir.parent / f"{run_dir.name}-{signal.Signals(sig).name}-after-step-{step}",
+        exit_within=EXIT_WITHIN,
+        tree_within=TREE_WITHIN,
+        send=sig,
+        when=reached,
+        to_group=group,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +135,8 @@ def test_the_uninterrupted_run_crosses_an_epoch_boundary(uninterrupted):
 def test_a_killed_run_resumes_exactly(uninterrupted, tmp_path, synth_dir, tiny_model_dir, sig, after_step):
     run_dir = tmp_path / "killed"
     config = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
-    code = run_until(config, run_dir, after_step, sig)
-    assert code == (143 if sig == signal.SIGTERM else -signal.SIGKILL)
+    ended = run_until(config, run_dir, after_step, sig)
+    assert ended.returncode == (143 if sig == signal.SIGTERM else -signal.SIGKILL), ended.tail()
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     if sig == signal.SIGTERM:
         assert saved["global_step"] >= after_step  # saved at the signal, not at the last periodic save
@@ -148,8 +154,7 @@ def test_a_sigterm_to_the_whole_process_group_stops_after_the_step_and_resumes_e
     # and the run would end with a traceback and no checkpoint of its last step).
     run_dir = tmp_path / "group"
     config = recorded_sft_config(tmp_path, run_dir, synth_dir, tiny_model_dir)
-    code = run_until(config, run_dir, 2, signal.SIGTERM, group=True)
-    assert code == 143
+    assert_stopped_with_a_checkpoint(run_until(config, run_dir, 2, signal.SIGTERM, group=True), run_dir)
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert saved["global_step"] >= 2
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
@@ -195,8 +200,8 @@ def uninterrupted_grpo(tmp_path_factory, synth_dir, tiny_model_dir) -> Path:
 def test_a_grpo_run_resumes_exactly(uninterrupted_grpo, tmp_path, synth_dir, tiny_model_dir):
     # vLLM rollouts seeded per step, weights re-synced to the engine on resume: the resumed run
     # samples the same completions (same engine log-probs), so losses and weights agree too.
-    # One run, stopped twice: SIGTERM after step 1 (a checkpoint of the step during which the
-    # signal came), resumed, then SIGKILL mid-step 4 (the step-2 checkpoint, at the epoch
+    # One run, stopped twice: SIGTERM to its process group after step 1 (a checkpoint of the step
+    # during which the signal came), resumed, then SIGKILL mid-step 4 (the step-2 checkpoint, at the epoch
     # boundary, is the latest), resumed again to the end.
     killed = tmp_path / "killed"
     config = grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, GRPO_STEPS, GRPO_SHARDS)
@@ -204,9 +209,10 @@ def test_a_grpo_run_resumes_exactly(uninterrupted_grpo, tmp_path, synth_dir, tin
     def saved_step() -> int:
         return torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
 
-    assert run_until(config, killed, 1, signal.SIGTERM) == 143
+    assert_stopped_with_a_checkpoint(run_until(config, killed, 1, signal.SIGTERM, group=True), killed)
     assert 1 <= saved_step() < GRPO_STEPS
-    assert run_until(config, killed, 3, signal.SIGKILL, "--ckpt_path", "last") == -signal.SIGKILL
+    ended = run_until(config, killed, 3, signal.SIGKILL, "--ckpt_path", "last")
+    assert ended.returncode == -signal.SIGKILL, ended.tail()
     assert saved_step() == 2
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
 
@@ -315,7 +321,8 @@ def test_a_grpo_run_with_refill_rounds_resumes_exactly(tmp_path, synth_dir, tiny
     assert [expected[s]["rounds"] for s in range(1, 5)] == [1, 2, 2, 2]
     killed = tmp_path / "killed"
     config = refill_grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, REFILL_STEPS, REFILL_SHARDS)
-    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
+    ended = run_until(config, killed, 3, signal.SIGKILL)
+    assert ended.returncode == -signal.SIGKILL, ended.tail()
     saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2
     stream = next(v for k, v in saved.items() if k.endswith("DataModule"))["ranks"][0]
@@ -348,7 +355,8 @@ def test_a_tool_use_grpo_run_resumes_exactly(tmp_path, synth_dir, tiny_model_dir
     assert all(r is not None and r > 0 for r in requests) and len(set(requests)) > 1, requests
     killed = tmp_path / "killed"
     config = tool_grpo_config(tmp_path, killed, synth_dir, model_dir, 4, "train-*.tar")
-    assert run_until(config, killed, 3, signal.SIGKILL) == -signal.SIGKILL
+    ended = run_until(config, killed, 3, signal.SIGKILL)
+    assert ended.returncode == -signal.SIGKILL, ended.tail()
     run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
     got = steps_of(killed)
     assert sorted(got) == sorted(expected) == [1, 2, 3, 4]

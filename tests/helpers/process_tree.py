@@ -26,6 +26,16 @@ from pathlib import Path
 
 MARKER_VARIABLE = "LVRL_EXIT_PROBE"
 
+# Bounds for a stopped ``lvrl`` command (a hang is infinite, so they only decide how soon it is
+# reported).
+EXIT_WITHIN = 120.0
+"""Seconds from the signal to the command's exit: finishing a step of the tiny model, writing a
+checkpoint and closing the wandb run take seconds, even with both cores busy."""
+TREE_WITHIN = 15.0
+"""Seconds from the command's exit until each of its processes is gone: torch joins a loader's
+workers for at most 5 s before it ends them, and multiprocessing's resource tracker ends once its
+last user has."""
+
 
 @dataclass
 class EndedCommand:
@@ -165,3 +175,15 @@ def run_to_its_end(
             process.kill()
             process.wait()
     return EndedCommand(process.returncode, out_path.read_text(), err_path.read_text(), exited - cue)
+
+
+STOPPED_BY_SIGNAL = 143  # app.lightning_cli.STOPPED_BY_SIGNAL_EXIT_CODE
+
+
+def assert_stopped_with_a_checkpoint(ended: EndedCommand, run_dir: Path) -> None:
+    """A signalled ``lvrl fit`` stopped as it should: status 143, a line saying how to continue,
+    no traceback, and the checkpoint it wrote."""
+    assert ended.returncode == STOPPED_BY_SIGNAL, ended.tail()
+    assert "continue with --ckpt_path last" in ended.stderr, ended.tail()
+    assert "Traceback" not in ended.stderr, ended.tail()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
