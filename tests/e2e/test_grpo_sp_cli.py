@@ -2,8 +2,11 @@
 
 Two GRPO steps run end to end, and the first step's loss and gradient norm (gradients summed
 over the group by the strategy) equal a one-process computation on the very same rollout batch:
-with Ulysses attention under Lightning's launcher, with ring attention under torchrun, and with
-Ulysses attention over two "nodes" (one torchrun per node rank on this machine).
+with Ulysses attention under Lightning's launcher, and with ring attention over two "nodes" (one
+torchrun per node rank on this machine). Each attention runs under one launcher: what the ranks
+compute does not depend on who started them (tests/distributed/test_sequence_parallel.py compares
+both attentions with one process in ranks of its own), and lvrl's strategy under one torchrun of
+two processes is tests/e2e/test_exit_hygiene.py's.
 
 The multi-process runs are `lvrl` subprocesses (a launcher starts the ranks); the layouts
 refused before any process is launched are checked through the CLI in this process.
@@ -55,8 +58,8 @@ def sp_config(tmp_path: Path, attention: str) -> Path:
 def sp2_fit(
     launcher: str, config: Path, run_dir: Path, model_dir: Path, synth_dir: Path, kl_coef: float
 ) -> None:
-    """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher, by torchrun, or by
-    two torchruns as two nodes of one process each."""
+    """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher or by two
+    torchruns as two nodes of one process each."""
     args = [
         "fit",
         "--config", str(config),
@@ -71,13 +74,9 @@ def sp2_fit(
     if launcher == "lightning":
         run_cli(*args, extra_env=PROBES_ENV)
         return
+    assert launcher == "torchrun-2-nodes", launcher
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--master_port", str(free_port())]
     env = {**os.environ, "WANDB_MODE": "offline", **PROBES_ENV}
-    if launcher == "torchrun":
-        command = [*torchrun, "--nproc_per_node", "2", "-m", "app", *args]
-        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
-        assert result.returncode == 0, result.stderr[-4000:]
-        return
     # Two "nodes" on this machine: one torchrun per node rank, one process each, meeting at the
     # first node's address as the nodes of a cluster do (docs/sequence-parallelism.md, "Multi-node").
     nodes = [
@@ -100,10 +99,8 @@ def sp2_fit(
     ("attention", "launcher"),
     [
         ("ulysses", "lightning"),
-        # The same config launched by torchrun (2 processes) instead of Lightning's launcher.
-        ("ring", "torchrun"),
         # Two nodes of one process each (torchrun per node rank, on this machine).
-        ("ulysses", "torchrun-2-nodes"),
+        ("ring", "torchrun-2-nodes"),
     ],
 )
 def test_sp2_fit_matches_one_process(
