@@ -17,6 +17,7 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,11 +139,72 @@ def suite_block(root: Path) -> str:
     if "worker_seconds" in run:
         over = f"its {run['workers']} workers" if "workers" in run else "both workers"
         workers = f", {run['worker_seconds']:,} worker-seconds over {over}"
+    if run.get("cpu_seconds"):
+        cpu = run["cpu_seconds"]
+        workers += (
+            f" ({cpu['total']:,} CPU-seconds counted: {cpu['tests']:,} in the tests' own processes, "
+            f"{cpu['their_commands']:,} in the commands they waited for)"
+        )
     return (
         f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s{workers}, "
         f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
         f"{run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, {run['conditions']})."
     )
+
+
+def suite_comparison_block(root: Path) -> str:
+    """Two commits' suite records, run back to back on an idle machine: what a cut changed
+    (``bench/results/suite/comparison.json`` names the two record folders)."""
+    suite = root / "bench" / "results" / "suite"
+    spec = json.loads((suite / "comparison.json").read_text())
+    before, after = (json.loads((suite / spec[key] / "ci.json").read_text()) for key in ("before", "after"))
+
+    def figures(run: dict[str, Any]) -> str:
+        return (
+            f"pytest {run['pytest_seconds']:,} s, {run['worker_seconds']:,} worker-seconds, "
+            f"{run['cpu_seconds']['total']:,} CPU-seconds counted"
+        )
+
+    def less(key: str, pick: Callable[[dict[str, Any]], float]) -> str:
+        return f"{1 - pick(after) / pick(before):.0%} less {key}"
+
+    return (
+        f"Back to back, {spec['when']}: {before['commit']} ({spec['before_is']}) {figures(before)}; "
+        f"{after['commit']} ({spec['after_is']}) {figures(after)}: "
+        f"{less('pytest time', lambda r: r['pytest_seconds'])}, "
+        f"{less('CPU', lambda r: r['cpu_seconds']['total'])} "
+        f"(`bench/results/suite/{spec['before']}/`, `bench/results/suite/{spec['after']}/`)."
+    )
+
+
+def suite_cpu_block(root: Path) -> str:
+    """The files of the suite that cost the most CPU, from the comparison's later record
+    (``cpu.jsonl``: each test's CPU seconds, its own and its commands')."""
+    suite = root / "bench" / "results" / "suite"
+    folder = json.loads((suite / "comparison.json").read_text())["after"]
+    lines = [json.loads(line) for line in (suite / folder / "cpu.jsonl").read_text().splitlines()]
+    files: dict[str, list[float]] = {}
+    for line in lines:
+        spent = files.setdefault(line["test"].split("::")[0], [0.0, 0.0, 0])
+        spent[0] += line["own"]
+        spent[1] += line["children"]
+        spent[2] += 1
+    total = sum(own + children for own, children, _ in files.values())
+    rows = [
+        "| file | tests | CPU-seconds | in its own process | in commands it waited for |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    ranked = sorted(files.items(), key=lambda item: -(item[1][0] + item[1][1]))
+    for name, (own, children, count) in ranked[:10]:
+        rows.append(f"| `{name}` | {count} | {own + children:.0f} | {own:.0f} | {children:.0f} |")
+    rest = ranked[10:]
+    rows.append(
+        f"| the other {len(rest)} files | {sum(c for _, (_, _, c) in rest)} "
+        f"| {sum(o + ch for _, (o, ch, _) in rest):.0f} | {sum(o for _, (o, _, _) in rest):.0f} "
+        f"| {sum(ch for _, (_, ch, _) in rest):.0f} |"
+    )
+    rows.append(f"\n{total:.0f} CPU-seconds counted in all, from `bench/results/suite/{folder}/cpu.jsonl`.")
+    return "\n".join(rows)
 
 
 def plan_configs_block(root: Path) -> str:
@@ -547,6 +609,8 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "demo_runs": demo_runs_block,
     "real_vocab": real_vocab_block,
     "suite": suite_block,
+    "suite_comparison": suite_comparison_block,
+    "suite_cpu": suite_cpu_block,
 }
 
 

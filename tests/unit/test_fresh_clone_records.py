@@ -3,6 +3,7 @@ from what the commands printed: pytest's summary line and the demo's closing lin
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from bench import demo_run, fresh_clone, suite_run
@@ -36,3 +37,37 @@ def test_a_clone_with_nothing_left_running_says_so(tmp_path: Path, monkeypatch) 
     assert fresh_clone.left_behind(tmp_path / "never-run") == (
         "no process of the clone alive 0 s after it ended (ps)"
     )
+
+
+def test_each_test_s_cpu_seconds_are_recorded_and_totalled(pytester, monkeypatch) -> None:
+    # A test that computes for a while in its own process, and one that waits for a command that
+    # does: each line charges the work where it was done.
+    pytester.makepyfile(
+        test_work="""
+        import subprocess, sys, time
+
+        def busy(seconds):
+            end = time.process_time() + seconds
+            while time.process_time() < end:
+                pass
+
+        def test_own():
+            busy(0.3)
+
+        def test_command():
+            code = "import time\\nend = time.process_time() + 0.3\\nwhile time.process_time() < end: pass"
+            subprocess.run([sys.executable, "-c", code], check=True)
+        """
+    )
+    log = pytester.path / "cpu.jsonl"
+    monkeypatch.setenv("LVRL_TEST_CPU_LOG", str(log))
+    pytester.runpytest_inprocess("-p", "helpers.cpu_seconds", "-p", "no:cacheprovider").assert_outcomes(
+        passed=2
+    )
+    own, command = (json.loads(line) for line in log.read_text().splitlines())
+    assert own["test"] == "test_work.py::test_own" and command["test"] == "test_work.py::test_command"
+    assert own["own"] >= 0.25 and own["children"] == 0  # process_time: the process's own CPU
+    assert command["children"] >= 0.25 and command["own"] < 0.25
+    totals = suite_run.cpu_seconds(log)
+    assert totals is not None and totals["total"] == totals["tests"] + totals["their_commands"]
+    assert suite_run.cpu_seconds(pytester.path / "absent.jsonl") is None
