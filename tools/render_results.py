@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +72,9 @@ def demo_runs_block(root: Path) -> str:
     return "\n".join(rows)
 
 
+ZOOM_SEED0 = Path("bench/results/zoom_protocol/given-share-0.5-seed0-budget3000")
+
+
 def gpu_check_block(root: Path) -> str:
     """The planner against a real GPU: bench/gpu_check.py's ring attention and GRPO step."""
     report = json.loads((root / "bench" / "results" / "gpu_check" / "gpu_check.json").read_text())
@@ -97,6 +102,69 @@ def gpu_check_block(root: Path) -> str:
             f"At ring attention's peak: {ring['score_chunks_alive']:.2f} float32 score chunks (query "
             f"chunks of {ring['query_chunk']:,} and {2 * ring['query_chunk']:,} differ by that many) "
             f"and {ring['slice_copies_alive']:.2f} float32 tensors the slice's size.",
+        ]
+    )
+
+
+def zoom_cuda_block(root: Path) -> str:
+    """The zoom task's tool-use episodes on a lent GPU (bench/results/zoom_cuda/given50/run.sh)
+    against the same model's CPU evaluation and GRPO run."""
+    folder = root / "bench" / "results" / "zoom_cuda" / "given50"
+    call = json.loads((folder / "gpu_check.json").read_text())  # written by the same device call
+    log = (folder / "run.log").read_text().splitlines()
+    versions = next(line for line in log if line.startswith("python "))
+    cuda = {
+        r["problem_id"]: r for r in map(json.loads, (folder / "predictions.jsonl").read_text().splitlines())
+    }
+    with gzip.open(folder / "cpu-predictions.jsonl.gz", "rt") as lines:
+        cpu = {r["problem_id"]: r for r in map(json.loads, lines)}
+    shared = sorted(cuda.keys() & cpu.keys())
+    same = sum(cuda[k]["turns"] == cpu[k]["turns"] for k in shared)
+    cpu_run = ZOOM_SEED0 / "grpo-lr1e-4-kl0.2-requests-metrics.csv.gz"
+    with gzip.open(root / cpu_run, "rt") as rows:
+        cpu_steps = [r for r in csv.DictReader(rows) if r.get("time/rollout_s")]
+    with (folder / "grpo-metrics.csv").open() as rows:
+        cuda_steps = [r for r in csv.DictReader(rows) if r.get("time/rollout_s")]
+
+    def answers(records: dict[str, dict[str, Any]]) -> str:
+        correct, hit = (
+            sum(bool(records[k][field]) for k in shared) / len(shared) for field in ("correct", "span_hit")
+        )
+        return f"{correct:.1%} / {hit:.1%}"
+
+    def values(rows: list[dict[str, str]], field: str) -> list[float]:
+        return sorted(float(r[field]) for r in rows)
+
+    def gap(rows: list[dict[str, str]]) -> str:
+        means = values(rows, "rollout/logprob_diff_mean")
+        return f"{means[0]:.1e}-{means[-1]:.1e}; {values(rows, 'rollout/logprob_diff_max')[-1]:.1e}"
+
+    def seconds(rows: list[dict[str, str]]) -> str:
+        rollout, train = (
+            statistics.median(values(rows, f"time/{phase}_s")) for phase in ("rollout", "train")
+        )
+        return f"{rollout:.1f} / {train:.1f}"
+
+    memory = [values(cuda_steps, f"memory/{phase}_peak_gib")[-1] for phase in ("rollout", "train")]
+    return "\n".join(
+        [
+            f"`bench/results/zoom_cuda/given50/run.sh`, one device call (commit {call['commit'][:7]}, "
+            f"{call['date']}, one {call['machine']['gpu']}; {versions}; the transformers engine, no vLLM "
+            "there): seed 0's recipe-5 GRPO export on the given-oracle zoom data, greedy, up to two "
+            "requests of 16 frames. The CPU's: the seed's validation evaluation (`cpu-predictions.jsonl.gz`) "
+            f"and GRPO run (`{cpu_run}`), on a machine shared with other work.",
+            "",
+            "| | CPU (vLLM, 2 cores) | CUDA (transformers engine) |",
+            "|---|---:|---:|",
+            f"| validation questions with the other's transcript, character for character | "
+            f"{same} of {len(shared)} | {same} of {len(shared)} |",
+            f"| accuracy / span hit on them | {answers(cpu)} | {answers(cuda)} |",
+            f"| GRPO steps of 8 x 8 episodes, recipe 5 | {len(cpu_steps)} (the seed's run) | "
+            f"{len(cuda_steps)} (continued from its export) |",
+            f"| engine/trainer log-prob gap per token: step means; largest | {gap(cpu_steps)} | "
+            f"{gap(cuda_steps)} |",
+            f"| median seconds a step, rollout / training | {seconds(cpu_steps)} | {seconds(cuda_steps)} |",
+            f"| peak allocated GiB, rollout / training | (CPU) | {memory[0]:.2f} / {memory[1]:.2f} |",
         ]
     )
 
@@ -605,6 +673,7 @@ RENDERERS: dict[str, Callable[[Path], str]] = {
     "plan_configs": plan_configs_block,
     "plan_check": plan_check_block,
     "gpu_check": gpu_check_block,
+    "zoom_cuda": zoom_cuda_block,
     "demo": demo_block,
     "demo_runs": demo_runs_block,
     "real_vocab": real_vocab_block,

@@ -61,13 +61,16 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
         "bench/results/gpu_check",
         "bench/results/mismatch_weights",
         "bench/results/demo-qwen3_vl",
+        "bench/results/zoom_cuda/given50",
+        "bench/results/zoom_protocol/given-share-0.5-seed0-budget3000/grpo-lr1e-4-kl0.2-requests-metrics.csv.gz",
     )
     for part in ("README.md", "docs", *results):
         source, target = REPO / part, tmp_path / part
         if source.is_dir():
             shutil.copytree(source, target)
         else:
-            target.write_text(source.read_text())
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
     readme = tmp_path / "README.md"
     readme.write_text(readme.read_text().replace("| **overall** |", "| **overall (stale)** |", 1))
     assert module.stale_pages(tmp_path, write=False) == [readme]
