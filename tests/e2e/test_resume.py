@@ -27,7 +27,7 @@ import torch
 import yaml
 from helpers.biased_models import save_biased_model
 from helpers.cli import PROBES_ENV, REPO_ROOT, lvrl, run_lvrl
-from helpers.probed_runs import grpo_config, refill_grpo_config, sft_config, tool_grpo_config
+from helpers.probed_runs import grpo_config, sft_config, tool_grpo_config, with_refill_rounds
 from helpers.process_tree import (
     EXIT_WITHIN,
     TREE_WITHIN,
@@ -301,67 +301,38 @@ def test_a_kill_while_a_checkpoint_is_written_leaves_the_previous_one(tmp_path, 
     )
 
 
-REFILL_STEPS = 4
-# All 6 shards: 24 samples, an epoch of 12 batches of 2, more than 4 steps of 2 rounds draw.
-REFILL_SHARDS = "train-*.tar"
+def test_a_tool_use_grpo_run_with_refill_rounds_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
+    # Episodes of a model that stops at a request about one token in five, sampled in up to two
+    # rounds a step (dynamic sampling): the turns, the tool's replies, each round's seeds and the
+    # engine's log-probs must all come out the same after a SIGKILL in step 3 and a resume from
+    # the step-2 checkpoint. Dynamic sampling draws batches beyond the one Lightning fetched ahead,
+    # so at that checkpoint the fetched batch is older than the newest one trained: it must be
+    # read again on resume (and nothing drawn must be). Steps 2 to 4 need two rounds, step 1 one.
+    model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>", margin=0.0)
 
+    def config(run_dir: Path) -> Path:
+        return with_refill_rounds(tool_grpo_config(tmp_path, run_dir, synth_dir, model_dir, 4, "train-*.tar"))
 
-def test_a_grpo_run_with_refill_rounds_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
-    # Dynamic sampling draws batches beyond the one Lightning fetched ahead, so at the step-2
-    # checkpoint that fetched batch is older than the newest one trained: it must be read again
-    # on resume (and nothing drawn must be). The kill falls in step 4; steps 2 to 4 needed two
-    # sampling rounds (step 1 one).
-    whole = tmp_path / "whole"
-    run_lvrl(
-        "fit",
-        "--config",
-        str(refill_grpo_config(tmp_path, whole, synth_dir, tiny_model_dir, REFILL_STEPS, REFILL_SHARDS)),
-    )
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_lvrl("fit", "--config", str(config(whole)))
     expected = steps_of(whole)
     assert [expected[s]["rounds"] for s in range(1, 5)] == [1, 2, 2, 2]
-    killed = tmp_path / "killed"
-    config = refill_grpo_config(tmp_path, killed, synth_dir, tiny_model_dir, REFILL_STEPS, REFILL_SHARDS)
-    ended = run_until(config, killed, 3, signal.SIGKILL)
+    requests = [expected[s]["tool_requests"] for s in range(1, 5)]
+    assert all(r is not None and r > 0 for r in requests) and len(set(requests)) > 1, requests
+    killed_config = config(killed)
+    ended = run_until(killed_config, killed, 3, signal.SIGKILL)
     assert ended.returncode == -signal.SIGKILL, ended.tail()
     saved = torch.load(killed / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 2
     stream = next(v for k, v in saved.items() if k.endswith("DataModule"))["ranks"][0]
     assert stream["read_again"], "the batch fetched ahead at the checkpoint was not older than a drawn one"
-    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
+    run_lvrl("fit", "--config", str(killed_config), "--ckpt_path", "last")
 
-    got = steps_of(killed)
-    assert sorted(got) == sorted(expected) == list(range(1, REFILL_STEPS + 1))
-    for step in expected:
-        for field in ("keys", "trained_keys", "rounds"):
-            assert got[step][field] == expected[step][field], f"step {step} {field}"
-        for field in ("rollout_logprob_sum", "loss", "reward"):
-            assert_identical(got[step][field], expected[step][field], reason=f"refill step {step} {field}")
-    ours, theirs = weights_of(killed), weights_of(whole)
-    for name in theirs:
-        assert_identical(ours[name], theirs[name], reason=f"refill {name} weights, resumed")
-
-
-def test_a_tool_use_grpo_run_resumes_exactly(tmp_path, synth_dir, tiny_model_dir):
-    # Episodes of a model that stops at a request about one token in five: the turns, the tool's
-    # replies, each round's seeds and the engine's log-probs must all come out the same after a
-    # SIGKILL in step 3 and a resume from the step-2 checkpoint.
-    model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>", margin=0.0)
-    whole = tmp_path / "whole"
-    run_lvrl(
-        "fit", "--config", str(tool_grpo_config(tmp_path, whole, synth_dir, model_dir, 4, "train-*.tar"))
-    )
-    expected = steps_of(whole)
-    requests = [expected[s]["tool_requests"] for s in range(1, 5)]
-    assert all(r is not None and r > 0 for r in requests) and len(set(requests)) > 1, requests
-    killed = tmp_path / "killed"
-    config = tool_grpo_config(tmp_path, killed, synth_dir, model_dir, 4, "train-*.tar")
-    ended = run_until(config, killed, 3, signal.SIGKILL)
-    assert ended.returncode == -signal.SIGKILL, ended.tail()
-    run_lvrl("fit", "--config", str(config), "--ckpt_path", "last")
     got = steps_of(killed)
     assert sorted(got) == sorted(expected) == [1, 2, 3, 4]
     for step in expected:
-        assert got[step]["keys"] == expected[step]["keys"], f"step {step} keys"
+        for field in ("keys", "trained_keys", "rounds"):
+            assert got[step][field] == expected[step][field], f"step {step} {field}"
         for field in ("rollout_logprob_sum", "loss", "reward", "tool_requests"):
             assert_identical(got[step][field], expected[step][field], reason=f"tool-use step {step} {field}")
     ours, theirs = weights_of(killed), weights_of(whole)

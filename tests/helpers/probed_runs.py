@@ -94,13 +94,10 @@ def grpo_config(
     return path
 
 
-def refill_grpo_config(
-    tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path, max_steps: int, train_shards: str
-) -> Path:
-    """:func:`grpo_config` with dynamic sampling (at most 2 rounds a step) and the reward
+def with_refill_rounds(path: Path) -> Path:
+    """The GRPO config at ``path`` with dynamic sampling (at most 2 rounds a step) and the reward
     ``probe_half_flat`` (:mod:`helpers.resume_probe`): about half the prompts' groups carry no
     signal, so most steps draw a second batch; the real advantages train."""
-    path = grpo_config(tmp_path, run_dir, synth_dir, model_dir, max_steps, train_shards)
     config = yaml.safe_load(path.read_text())
     callbacks = config["trainer"]["callbacks"]
     callbacks[0]["init_args"].update(
