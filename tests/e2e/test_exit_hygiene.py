@@ -15,7 +15,8 @@ run twice: the natural end of ``lvrl fit`` (SFT, and GRPO with vLLM) and ``lvrl 
 demo configs is the demo script's test (``tests/e2e/test_demo_script.py``: each command stops
 inside its pass, as here, and every process must be gone when the script has ended); a SIGTERM to
 the group of ``lvrl fit`` (SFT, and GRPO with vLLM) and a SIGKILL to the SFT trainer are the
-stopped runs of ``tests/e2e/test_resume.py``, which then resume them exactly. The bounds are
+stopped runs of ``tests/e2e/test_resume.py``, which then resume them exactly; the natural end of
+two ranks under one torchrun is the reference run of ``tests/e2e/test_sharded_resume.py``. The bounds are
 :data:`helpers.process_tree.EXIT_WITHIN` and :data:`~helpers.process_tree.TREE_WITHIN`.
 """
 
@@ -139,9 +140,9 @@ def test_lvrl_validate(scenario: str, tmp_path: Path, synth_dir: Path, tiny_mode
     assert "Traceback" not in ended.stderr, ended.tail()
 
 
-@pytest.mark.parametrize("scenario", [NATURAL, TERM_GROUP, CTRL_C])
+@pytest.mark.parametrize("scenario", [TERM_GROUP, CTRL_C])
 def test_torchrun_two_processes(scenario: str, tmp_path: Path, synth_dir: Path, tiny_model_dir: Path) -> None:
-    cue = None if scenario == NATURAL else tmp_path / "cue"
+    cue = tmp_path / "cue"
     config = trainer_config("configs/demo/sft.yaml", tmp_path, synth_dir, tiny_model_dir, cue)
     torchrun = str(Path(sys.executable).parent / "torchrun")
     # lvrl's own strategy, as its multi-process configs run: the model sharded over both ranks
@@ -153,15 +154,12 @@ def test_torchrun_two_processes(scenario: str, tmp_path: Path, synth_dir: Path, 
         "--trainer.strategy.sequence_parallel_size", "1",
         "--trainer.strategy.process_group_backend", "gloo",
     ]  # fmt: skip
-    ended = run(command, scenario, tmp_path, cue.exists if cue else None)
-    if scenario == NATURAL:
-        assert ended.returncode == 0, ended.tail()
-    else:
-        # torchrun reports the signal itself (its traceback, status 1), after both ranks stopped
-        # at the end of the step, the checkpoint written, each saying so.
-        assert ended.returncode == TORCHRUN_SIGNALLED, ended.tail()
-        assert ended.stderr.count("continue with --ckpt_path last") == 2, ended.tail()
-        assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_dir()
+    ended = run(command, scenario, tmp_path, cue.exists)
+    # torchrun reports the signal itself (its traceback, status 1), after both ranks stopped at
+    # the end of the step, the checkpoint written, each saying so.
+    assert ended.returncode == TORCHRUN_SIGNALLED, ended.tail()
+    assert ended.stderr.count("continue with --ckpt_path last") == 2, ended.tail()
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_dir()
 
 
 # -- the data tools: lvrl data synth, lvrl data build ------------------------------------------------

@@ -1,6 +1,7 @@
 """`lvrl fit --config configs/demo/grpo_sp2.yaml`: 2 CPU processes, one sequence-parallel group, vLLM.
 
-Two GRPO steps run end to end, and the first step's loss and gradient norm (gradients summed
+Two GRPO steps run end to end, a validation pass after them counts each question once (the
+peers evaluate the same ones), and the first step's loss and gradient norm (gradients summed
 over the group by the strategy) equal a one-process computation on the very same rollout batch:
 with Ulysses attention under Lightning's launcher, and with ring attention over two "nodes" (one
 torchrun per node rank on this machine). Each attention runs under one launcher: what the ranks
@@ -56,16 +57,26 @@ def sp_config(tmp_path: Path, attention: str) -> Path:
 
 
 def sp2_fit(
-    launcher: str, config: Path, run_dir: Path, model_dir: Path, synth_dir: Path, kl_coef: float
+    launcher: str,
+    config: Path,
+    run_dir: Path,
+    model_dir: Path,
+    synth_dir: Path,
+    kl_coef: float,
+    validate: bool = False,
 ) -> None:
     """``lvrl fit`` of ``config`` on 2 processes, started by Lightning's launcher or by two
-    torchruns as two nodes of one process each."""
+    torchruns as two nodes of one process each; with ``validate``, a validation pass over the 8
+    validation questions (one batch, 8-token answers) after the last step."""
+    validation = ["--trainer.limit_val_batches", "0"]
+    if validate:
+        validation = ["--trainer.val_check_interval", str(STEPS), "--model.init_args.max_new_tokens", "8"]
     args = [
         "fit",
         "--config", str(config),
         "--trainer.default_root_dir", str(run_dir),
         "--trainer.max_steps", str(STEPS),
-        "--trainer.limit_val_batches", "0",
+        *validation,
         "--model.init_args.model_path", str(model_dir),
         "--model.init_args.kl_coef", str(kl_coef),
         "--model.init_args.learning_rate", "1e-3",
@@ -108,9 +119,12 @@ def test_sp2_fit_matches_one_process(
 ) -> None:
     run_dir = tmp_path / "run"
     kl_coef = 0.01
-    sp2_fit(launcher, sp_config(tmp_path, attention), run_dir, tiny_model_dir, synth_dir, kl_coef)
+    config = sp_config(tmp_path, attention)
+    sp2_fit(launcher, config, run_dir, tiny_model_dir, synth_dir, kl_coef, validate=True)
     losses, grad_norms = logged(run_dir, "train/loss"), logged(run_dir, "train/grad_norm")
     assert len(losses) == STEPS and len(grad_norms) == STEPS
+    # Sequence-parallel peers evaluate the same questions: the 8 validation questions count once.
+    assert logged(run_dir, "val/questions") == [8.0]
     assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
 
     # Both ranks trained on one rollout batch (sequence-parallel peers share rollouts).
@@ -179,32 +193,6 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     assert message in result.stderr
     assert "Initializing a V1 LLM engine" not in result.stderr  # before any rollout engine starts
     assert time.perf_counter() - started < 120
-
-
-def sft_under_sp2_args(tiny_model_dir: Path, synth_dir: Path, tmp_path: Path) -> list[str]:
-    """The SFT demo config on 2 processes under SequenceParallelStrategy (sequence size 2)."""
-    return [
-        "--config", str(REPO_ROOT / "configs/demo/sft.yaml"),
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--trainer.devices", "2",
-        "--trainer.strategy", "parallel.strategy.SequenceParallelStrategy",
-        "--trainer.strategy.process_group_backend", "gloo",
-        "--model.init_args.model_path", str(tiny_model_dir),
-        *tiny_data_args(str(synth_dir / "train-*.tar"), str(synth_dir / "val-*.tar")),
-    ]  # fmt: skip
-
-
-def test_validation_under_sequence_parallelism_counts_each_question_once(
-    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
-) -> None:
-    """Sequence-parallel peers evaluate the same questions; the 8 validation questions count once."""
-    result = run_cli(
-        "validate",
-        *sft_under_sp2_args(tiny_model_dir, synth_dir, tmp_path),
-        "--model.init_args.max_new_tokens", "8",
-    )  # fmt: skip
-    overall = [line.split() for line in result.stderr.splitlines() if line.startswith("overall")]
-    assert overall and overall[0][1] == "8", overall
 
 
 def test_tool_use_episodes_train_under_sequence_parallelism(

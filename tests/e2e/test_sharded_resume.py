@@ -22,14 +22,19 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers.cli import PROBES_ENV, REPO_ROOT, lvrl, run_cli
+from helpers.cli import PROBES_ENV, REPO_ROOT, free_port, lvrl, run_cli
 from helpers.probed_runs import grpo_config
+from helpers.process_tree import TREE_WITHIN, run_to_its_end
 from helpers.runs import steps_of
 from helpers.tolerances import assert_identical
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 STEPS = 4
 SHARDS = "train-0000[01].tar"  # a shard of 4 samples per data-parallel rank: epochs of 2 steps
+RUN_ENV = {**PROBES_ENV, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+"""Every run's extra environment: the thread count set for all of them, since the runs compared
+bit for bit start under both launchers and torchrun sets 1 where it is unset."""
+RUN_WITHIN = 400.0  # seconds for a whole run: ~30 s alone, several times that beside other tests
 
 
 def sharded_config(tmp_path: Path, run_dir: Path, synth_dir: Path, model_dir: Path) -> Path:
@@ -61,7 +66,7 @@ def kill_group_after(config: Path, run_dir: Path, step: int, timeout: float = 40
     process = subprocess.Popen(
         [sys.executable, "-m", "app", "fit", "--config", str(config)],
         cwd=REPO_ROOT,
-        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **PROBES_ENV},
+        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **RUN_ENV},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # rank 0 starts rank 1 in its session: one kill reaches both
@@ -90,10 +95,34 @@ def rank_steps(run_dir: Path) -> dict[int, dict[int, dict]]:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory, synth_dir: Path, tiny_model_dir: Path) -> Path:
+    """The reference run, started by torchrun (two processes on one node) where the killed and
+    resumed runs use Lightning's own launcher, so the two launchers must give the same run. It is
+    also torchrun's natural end for tests/e2e/test_exit_hygiene.py: status 0, no traceback, every
+    process gone within the bound."""
     tmp = tmp_path_factory.mktemp("sharded_resume")
     run_dir = tmp / "whole"
     config = sharded_config(tmp, run_dir, synth_dir, tiny_model_dir)
-    run_cli("fit", "--config", str(config), extra_env=PROBES_ENV)
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    ended = run_to_its_end(
+        [
+            torchrun,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "app",
+            "fit",
+            "--config",
+            str(config),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1", **RUN_ENV},
+        output_dir=tmp / "output",
+        exit_within=RUN_WITHIN,
+        tree_within=TREE_WITHIN,
+    )
+    assert ended.returncode == 0 and "Traceback" not in ended.stderr, ended.tail()
     return run_dir
 
 
@@ -107,7 +136,7 @@ def test_a_killed_sharded_run_resumes_exactly(
     assert checkpoint.is_dir() and saved_step(checkpoint) == 2  # the step-4 save never started
     shards = sorted(p.name for p in checkpoint.iterdir() if p.suffix == ".distcp")
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # one file per rank
-    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=PROBES_ENV)
+    run_cli("fit", "--config", str(config), "--ckpt_path", "last", extra_env=RUN_ENV)
     assert not list((killed / "checkpoints").glob("*.partial-*"))
 
     got, expected = rank_steps(killed), rank_steps(uninterrupted)
