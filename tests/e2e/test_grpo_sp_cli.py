@@ -3,11 +3,12 @@
 Two GRPO steps run end to end, a validation pass after them counts each question once (the
 peers evaluate the same ones), and the first step's loss and gradient norm (gradients summed
 over the group by the strategy) equal a one-process computation on the very same rollout batch:
-with Ulysses attention under Lightning's launcher, and with ring attention over two "nodes" (one
-torchrun per node rank on this machine). Each attention runs under one launcher: what the ranks
-compute does not depend on who started them (tests/distributed/test_sequence_parallel.py compares
-both attentions with one process in ranks of its own), and lvrl's strategy under one torchrun of
-two processes is tests/e2e/test_exit_hygiene.py's.
+with Ulysses attention under Lightning's launcher, on tool-use episodes the peers play together,
+and with ring attention over two "nodes" (one torchrun per node rank on this machine), on single
+turns. Each attention runs under one launcher: what the ranks compute does not depend on who
+started them (tests/distributed/test_sequence_parallel.py compares both attentions with one
+process in ranks of its own), and lvrl's strategy under one torchrun of two processes is
+tests/e2e/test_exit_hygiene.py's and tests/e2e/test_sharded_resume.py's.
 
 The multi-process runs are `lvrl` subprocesses (a launcher starts the ranks); the layouts
 refused before any process is launched are checked through the CLI in this process.
@@ -106,38 +107,62 @@ def sp2_fit(
         assert node.returncode == 0, stderr[-4000:]
 
 
+def with_tool_use(config: Path) -> None:
+    """Tool-use episodes (at most 2 requests, vLLM taking 3 videos a prompt) in ``config``."""
+    settings = yaml.safe_load(config.read_text())
+    rollout = settings["trainer"]["callbacks"][0]["init_args"]
+    rollout["tool_use"] = {"max_calls": 2}
+    rollout["engine"]["init_args"]["videos_per_prompt"] = 3
+    settings["data"]["init_args"]["tool_use"] = True
+    config.write_text(yaml.safe_dump(settings))
+
+
 @pytest.mark.parametrize(
-    ("attention", "launcher"),
+    ("attention", "launcher", "tool_use"),
     [
-        ("ulysses", "lightning"),
+        # Tool-use episodes of a model that always asks: two peers play a step's episodes together
+        # (each samples a share of every round, the group serves the replies) and train on the same
+        # ones, scored sequence-parallel with the replies in place.
+        ("ulysses", "lightning", True),
         # Two nodes of one process each (torchrun per node rank, on this machine).
-        ("ring", "torchrun-2-nodes"),
+        ("ring", "torchrun-2-nodes", False),
     ],
 )
 def test_sp2_fit_matches_one_process(
-    attention: str, launcher: str, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
+    attention: str, launcher: str, tool_use: bool, tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
     kl_coef = 0.01
     config = sp_config(tmp_path, attention)
-    sp2_fit(launcher, config, run_dir, tiny_model_dir, synth_dir, kl_coef, validate=True)
+    model_dir = tiny_model_dir
+    if tool_use:
+        model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>")
+        with_tool_use(config)
+    sp2_fit(launcher, config, run_dir, model_dir, synth_dir, kl_coef, validate=True)
     losses, grad_norms = logged(run_dir, "train/loss"), logged(run_dir, "train/grad_norm")
     assert len(losses) == STEPS and len(grad_norms) == STEPS
     # Sequence-parallel peers evaluate the same questions: the 8 validation questions count once.
     assert logged(run_dir, "val/questions") == [8.0]
-    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(tiny_model_dir)
+    # Every sampled token (of every turn) has the engine's log-prob.
+    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(model_dir)
 
     # Both ranks trained on one rollout batch (sequence-parallel peers share rollouts).
     first, second = (
         torch.load(tmp_path / "probe" / f"rollout0-rank{r}.pt", weights_only=False) for r in (0, 1)
     )
+    assert torch.equal(first.scoring.input_ids, second.scoring.input_ids)
     assert torch.equal(first.scoring.completion_ids, second.scoring.completion_ids)
     assert torch.equal(first.advantages, second.advantages)
     rollout: RolloutBatch = first
+    if tool_use:
+        # Each episode: two malformed requests, one too many, a last turn that asks again.
+        assert logged(run_dir, "tool/requests_per_episode") == [4.0] * STEPS
+        assert rollout.episodes is not None and [e.turns for e in rollout.episodes] == [4] * len(rollout)
 
     # One process, the same batch: the GRPOModule loss (policy = reference at step 0, so KL is 0).
-    model = load_model(tiny_model_dir).train()
-    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds())
+    model = load_model(model_dir).train()
+    segments = rollout.segment_embeds(range(len(rollout)))
+    logprobs = completion_logprobs(model, rollout.scoring, rollout.video_embeds(), segment_embeds=segments)
     mask = rollout.scoring.completion_mask * rollout.row_mask.unsqueeze(-1)
     loss, _ = policy_loss(
         logprobs,
@@ -193,30 +218,3 @@ def test_impossible_sequence_parallel_layouts_fail_at_start_up(
     assert message in result.stderr
     assert "Initializing a V1 LLM engine" not in result.stderr  # before any rollout engine starts
     assert time.perf_counter() - started < 120
-
-
-def test_tool_use_episodes_train_under_sequence_parallelism(
-    tiny_model_dir: Path, synth_dir: Path, tmp_path: Path
-) -> None:
-    """Two peers play a step's episodes together (each samples a share of every round, the
-    group serves the replies) and train on the same ones; every sampled token of every turn,
-    scored sequence-parallel with the replies in place, has the engine's log-prob."""
-    model_dir = save_biased_model(tiny_model_dir, tmp_path / "asking", "</tool_call>")
-    config = sp_config(tmp_path, "ulysses")
-    settings = yaml.safe_load(config.read_text())
-    rollout = settings["trainer"]["callbacks"][0]["init_args"]
-    rollout["tool_use"] = {"max_calls": 2}
-    rollout["engine"]["init_args"]["videos_per_prompt"] = 3
-    settings["data"]["init_args"]["tool_use"] = True
-    config.write_text(yaml.safe_dump(settings))
-    run_dir = tmp_path / "run"
-    sp2_fit("lightning", config, run_dir, model_dir, synth_dir, kl_coef=0.0)
-    assert len(logged(run_dir, "train/loss")) == STEPS
-    # Each episode: two malformed requests, one too many, a last turn that asks again.
-    assert logged(run_dir, "tool/requests_per_episode") == [4.0] * STEPS
-    assert max(logged(run_dir, "rollout/logprob_diff_max")) <= engine_gap_bar(model_dir)
-    first, second = (
-        torch.load(tmp_path / "probe" / f"rollout0-rank{r}.pt", weights_only=False) for r in (0, 1)
-    )
-    assert first.episodes is not None and [e.turns for e in first.episodes] == [4] * len(first)
-    assert torch.equal(first.scoring.input_ids, second.scoring.input_ids)
