@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 import yaml
-from helpers.cli import run_lvrl, run_lvrl_expecting_failure
+from helpers.cli import run_lvrl_expecting_failure
 from helpers.probed_runs import grpo_config
 from helpers.runs import logged, steps_of
 
@@ -31,36 +31,34 @@ def advantages_probe(config_path: Path, **init_args: object) -> None:
     config_path.write_text(yaml.safe_dump(config))
 
 
-def test_a_crashed_engine_is_restarted_and_a_nan_update_is_skipped(tmp_path, synth_dir, tiny_model_dir):
+def test_a_crashed_engine_is_restarted_a_nan_update_skipped_and_a_second_failure_stops_the_run(
+    tmp_path, synth_dir, tiny_model_dir
+):
+    # Step 1: the engine crashes and is restarted; step 2: a NaN update is skipped; step 3: the
+    # engine crashes and so does its restart, which stops the run with a checkpoint.
     run_dir = tmp_path / "run"
     config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
-    with_probes(config, [{"class_path": "helpers.resume_probe.EngineKiller", "init_args": {"at_step": 1}}])
+    killers = [
+        {"class_path": "helpers.resume_probe.EngineKiller", "init_args": {"at_step": 1}},
+        {
+            "class_path": "helpers.resume_probe.EngineKiller",
+            "init_args": {"at_step": 3, "every_restart": True},
+        },
+    ]
+    with_probes(config, killers)
     advantages_probe(config, nan_from_step=2, nan_times=1)
-    result = run_lvrl("fit", "--config", str(config))
+    result = run_lvrl_expecting_failure("fit", "--config", str(config))
     output = result.stdout + result.stderr
+    assert result.returncode == 1, result.stderr[-3000:]
     assert "step 1: the rollout engine failed" in output and "restarting it" in output
     assert "step 2: non-finite loss, update skipped (1 in a row, 1 in all" in output
-    # Four updates were applied from five batches (the NaN one was skipped), with one restart.
-    steps = steps_of(run_dir)
-    assert sorted(steps) == [1, 2, 3, 4]
+    assert "training stopped: the rollout engine failed again after a restart at step 3" in result.stderr
+    assert "continue with --ckpt_path last" in result.stderr
+    # Three updates were applied from four batches (the NaN one was skipped), with one restart.
+    assert sorted(steps_of(run_dir)) == [1, 2, 3]
     assert logged(run_dir, "rollout/engine_restarts")[-1] == 1.0
     assert logged(run_dir, "train/nonfinite_skipped")[-1] == 1.0
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
-
-
-def test_an_engine_that_fails_again_stops_the_run_with_a_checkpoint(tmp_path, synth_dir, tiny_model_dir):
-    run_dir = tmp_path / "run"
-    config = grpo_config(tmp_path, run_dir, synth_dir, tiny_model_dir, max_steps=4)
-    killer = {
-        "class_path": "helpers.resume_probe.EngineKiller",
-        "init_args": {"at_step": 1, "every_restart": True},
-    }
-    with_probes(config, [killer])
-    result = run_lvrl_expecting_failure("fit", "--config", str(config))
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "training stopped: the rollout engine failed again after a restart at step 1" in result.stderr
-    assert "continue with --ckpt_path last" in result.stderr
-    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 1
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
 
 
 def test_consecutive_nan_updates_stop_the_run_with_the_last_good_weights(tmp_path, synth_dir, tiny_model_dir):
