@@ -62,6 +62,7 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
         "bench/results/mismatch_weights",
         "bench/results/demo-qwen3_vl",
         "bench/results/zoom_cuda/given50",
+        "bench/results/process_costs",
         "bench/results/zoom_protocol/given-share-0.5-seed0-budget3000/grpo-lr1e-4-kl0.2-requests-metrics.csv.gz",
     )
     for part in ("README.md", "docs", *results):
