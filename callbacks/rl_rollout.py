@@ -248,7 +248,7 @@ class RolloutCallback(Callback):
         if self._first_rollout:
             self._first_rollout = False
             if trainer.ckpt_path is not None:
-                worker.sync(wake=False)  # the checkpoint's weights, loaded by now (the engine is awake)
+                worker.sync_with_next_rollout()  # the checkpoint's weights, loaded by now
         worker.step = trainer.global_step
         started = time.perf_counter()
         self._peaks.begin()

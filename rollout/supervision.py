@@ -90,6 +90,8 @@ class EngineSupervisor:
         """Engines restarted after a failed rollout."""
         self.last_sync = SyncReport()
         """What the latest weight sync moved and held."""
+        self.sync_pending = False
+        """Whether the next rollout pushes the weights first (:meth:`sync_before_next_rollout`)."""
 
     def start(self, *, sync_weights: bool) -> None:
         """Start the engine on the policy (awake), then push the current weights if asked."""
@@ -100,7 +102,15 @@ class EngineSupervisor:
     def sync_weights(self) -> SyncReport:
         """Stream the current weights into the (awake) engine, bucket by bucket."""
         self.last_sync = sync_weights(self.engine, self.weights(), self.bucket_bytes)
+        self.sync_pending = False
         return self.last_sync
+
+    def sync_before_next_rollout(self) -> None:
+        """Push the current weights at the start of the next :meth:`run`, as part of its rollout:
+        an engine that fails while loading them (a resumed run's first sync, when a stop signal
+        reaches the engine's processes too) is restarted and retried, or stopped by the signal,
+        as a failed rollout is, rather than failing the run with a traceback."""
+        self.sync_pending = True
 
     def _restart_engine(self) -> None:
         try:
@@ -167,6 +177,8 @@ class EngineSupervisor:
 
     def _attempt(self, rollout: Callable[[RolloutEngine], T]) -> tuple[T | None, Exception | None]:
         try:
+            if self.sync_pending:  # every rank has it pending: the sync's gathers are collectives
+                self.sync_weights()
             return self._within_time_limit(rollout), None
         except Exception as error:  # judged in `run`, together with the other ranks'
             return None, error

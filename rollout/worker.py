@@ -103,6 +103,11 @@ class RolloutWorker:
             self.engine.wake()
         return self.supervisor.sync_weights()
 
+    def sync_with_next_rollout(self) -> None:
+        """Stream the module's weights into the (awake) engine as the next rollout starts, under
+        the supervisor with it: a resumed run's checkpoint weights."""
+        self.supervisor.sync_before_next_rollout()
+
     # -- one step -----------------------------------------------------------------------------
     def encode(self, pixels: torch.Tensor, grids: torch.Tensor) -> list[torch.Tensor]:
         """The module's encoding of each video (counted in :attr:`vision_calls`)."""

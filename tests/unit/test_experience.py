@@ -110,6 +110,30 @@ def test_a_rollout_failing_after_a_stop_signal_is_not_retried() -> None:
     assert supervised(FlakyEngine(), stop_requested=True).run(rollout, step=5) == []
 
 
+def test_a_sync_before_the_next_rollout_is_supervised_with_it() -> None:
+    # A resumed run's first sync (the checkpoint's weights) runs with the first rollout: the
+    # weights are pushed before it samples ...
+    rollout = lambda e: e.generate([], SamplingConfig(n=2))  # noqa: E731
+    engine = FlakyEngine()
+    supervisor = supervised(engine)
+    supervisor.sync_before_next_rollout()
+    assert supervisor.run(rollout, step=2) == [] and engine.pushed == [["w"]]
+    assert supervisor.run(rollout, step=3) == [] and engine.pushed == [["w"]]  # once
+    # ... an engine that fails while loading them is restarted and the rollout retried ...
+    engine = FlakyEngine(fail_sync=1)
+    supervisor = supervised(engine)
+    supervisor.sync_before_next_rollout()
+    assert supervisor.run(rollout, step=2) == [] and supervisor.restarts == 1
+    assert engine.starts == ["policy-dir", "policy-dir"] and engine.pushed == [["w"]]
+    # ... and after a stop signal it stops the run, not retried.
+    engine = FlakyEngine(fail_sync=1)
+    supervisor = supervised(engine, stop_requested=True)
+    supervisor.sync_before_next_rollout()
+    with pytest.raises(StoppedBySignal, match=r"step 2 failed after a stop signal \(ConnectionError"):
+        supervisor.run(rollout, step=2)
+    assert supervisor.restarts == 0 and engine.starts == ["policy-dir"]
+
+
 def test_a_second_failure_or_a_hang_stops_with_rollout_failed() -> None:
     supervisor = supervised(FlakyEngine(fail=2))
     with pytest.raises(RolloutFailed, match="failed again after a restart at step 3"):
