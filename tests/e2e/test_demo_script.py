@@ -20,13 +20,13 @@ from helpers.cli import REPO_ROOT
 from helpers.process_tree import run_to_its_end
 
 REDUCED = {
-    "DEMO_SFT_STEPS": "6",
-    "DEMO_GRPO_STEPS": "3",
+    "DEMO_SFT_STEPS": "4",
+    "DEMO_GRPO_STEPS": "2",
     "DEMO_EVAL_BATCHES": "1",
     "DEMO_EVAL_SAMPLES": "2",
     "DEMO_DATA_SAMPLES": "64",
 }
-"""6 SFT steps and 3 GRPO steps of 8 questions (an epoch of the 64 training questions is 8 steps),
+"""4 SFT steps and 2 GRPO steps of 8 questions (an epoch of the 64 training questions is 8 steps),
 8 held-out questions (1 batch of the 128), 2 sampled answers each, from 64 questions per split built by
 the script (the demo's own 2,400 took most of the test's time)."""
 
@@ -58,6 +58,6 @@ def test_the_demo_script_runs_to_its_table(tmp_path: Path) -> None:
     assert table.splitlines()[0] in ended.stdout  # printed, as `make demo` shows it
     assert "same 8 questions" in table  # DEMO_EVAL_BATCHES reached both evaluations
     output = ended.stdout + ended.stderr
-    assert f"{run_dir / 'sft' / 'hf'} (step 6)" in output and f"{run_dir / 'grpo' / 'hf'} (step 3)" in output
+    assert f"{run_dir / 'sft' / 'hf'} (step 4)" in output and f"{run_dir / 'grpo' / 'hf'} (step 2)" in output
     assert (run_dir / "grpo_reward.png").stat().st_size > 0
     assert "demo finished in" in ended.stdout
