@@ -30,24 +30,28 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-# The files that take longest (subprocesses, several runs), longest first. `make test` hands
-# whole files to two workers in collection order (--no-loadscope-reorder): starting these first
-# keeps one worker from running the longest file alone at the end.
+# The files that take longest (subprocesses, several runs), longest first, by their worker-seconds
+# in the latest suite record (bench/results/suite/, junit.xml). `make test` hands whole files to
+# two workers in collection order (--no-loadscope-reorder), each worker taking the next file as its
+# current one nears its end: longest first, the many short files left fill the two workers' ends
+# evenly, and neither runs a long file alone at the end.
 LONGEST_FILES = (
-    "tests/e2e/test_exit_hygiene.py",
-    "tests/e2e/test_demo_script.py",
-    "tests/distributed/test_sharded_training.py",
     "tests/e2e/test_resume.py",
+    "tests/e2e/test_exit_hygiene.py",
     "tests/e2e/test_sharded_resume.py",
-    "tests/e2e/test_grpo_sp_cli.py",
-    "tests/distributed/test_sharded_weights.py",
-    "tests/distributed/test_lora_sharded.py",
-    "tests/distributed/test_sequence_parallel.py",
-    "tests/e2e/test_failures.py",
-    "tests/distributed/test_data_split.py",
-    "tests/e2e/test_sft_cli.py",
-    "tests/e2e/test_grpo_cli.py",
+    "tests/e2e/test_demo_script.py",
     "tests/e2e/test_real_vocabulary.py",
+    "tests/e2e/test_grpo_sp_cli.py",
+    "tests/distributed/test_sharded_training.py",
+    "tests/unit/test_memory_plan.py",
+    "tests/e2e/test_sft_cli.py",
+    "tests/e2e/test_sft_sharded.py",
+    "tests/e2e/test_failures.py",
+    "tests/distributed/test_lora_sharded.py",
+    "tests/e2e/test_data_build_benchmarks.py",
+    "tests/e2e/test_configs.py",
+    "tests/e2e/test_build_families_vllm.py",
+    "tests/distributed/test_sharded_weights.py",
 )
 
 
