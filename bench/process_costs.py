@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -105,10 +106,11 @@ def measure(root: Path, repeats: int) -> dict[str, dict[str, float]]:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     quiet = {"cwd": REPO, "env": env, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     python = [sys.executable, "-c"]
-    cases: dict[str, object] = {
-        "python": [*python, "pass"],
-        "trainer imports": [*python, TRAINER_IMPORTS],
-        "fork server preload": [*python, FORK_SERVER_PRELOAD],
+    # Each case's command for its k-th run (the fits each write to a folder of their own).
+    cases: dict[str, Callable[[int], list[str]]] = {
+        "python": lambda k: [*python, "pass"],
+        "trainer imports": lambda k: [*python, TRAINER_IMPORTS],
+        "fork server preload": lambda k: [*python, FORK_SERVER_PRELOAD],
         "lvrl fit, no workers": lambda k: fit_command(root / f"fit0-{k}", synth, tiny, 0),
         "lvrl fit, 1 worker": lambda k: fit_command(root / f"fit1-{k}", synth, tiny, 1),
     }
@@ -116,8 +118,7 @@ def measure(root: Path, repeats: int) -> dict[str, dict[str, float]]:
     for name, command in cases.items():
         seconds = []
         for k in range(repeats):
-            argv = command(k) if callable(command) else command
-            usage = run_counted(argv, **quiet)
+            usage = run_counted(command(k), **quiet)
             assert usage.exit_status == 0 and usage.orphans_left == 0, (name, usage)
             seconds.append(usage.cpu_seconds)
         results[name] = summary(seconds)

@@ -96,11 +96,10 @@ class RolloutWorker:
         self.forbidden_token_ids = forbidden_completion_ids(self.module.processor.tokenizer)
         self.supervisor.start(sync_weights=False)
 
-    def sync(self, *, wake: bool = True) -> SyncReport:
-        """Stream the module's current weights into the engine (woken first: weights load into
-        an awake engine; a freshly started engine is awake already)."""
-        if wake:
-            self.engine.wake()
+    def sync(self) -> SyncReport:
+        """Stream the module's current weights into the engine, woken first (weights load into
+        an awake engine)."""
+        self.engine.wake()
         return self.supervisor.sync_weights()
 
     def sync_with_next_rollout(self) -> None:
