@@ -132,11 +132,16 @@ def _main(argv: Sequence[str] | None) -> None:
     # What these imports build (torch, transformers, Lightning: a few hundred thousand objects)
     # lives as long as the process. The collector would walk it again and again while it grows
     # (each full collection walks everything); instead it is not collected while it is built, and
-    # frozen after: left out of every later collection of the run.
-    gc.disable()
-    try:
-        from app.lightning_cli import run_lightning_cli  # imported late: Lightning is slow to import
-    finally:
-        gc.freeze()
-        gc.enable()
+    # frozen after: left out of every later collection of the run. Only when this call builds it:
+    # in a process that imported it before (a test calling `main`), the heap holds the caller's
+    # objects too, which are not this command's to freeze.
+    if "app.lightning_cli" in sys.modules:
+        from app.lightning_cli import run_lightning_cli
+    else:
+        gc.disable()
+        try:
+            from app.lightning_cli import run_lightning_cli  # imported late: Lightning is slow to import
+        finally:
+            gc.freeze()
+            gc.enable()
     run_lightning_cli(None if argv is None else given)

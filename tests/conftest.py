@@ -55,6 +55,15 @@ LONGEST_FILES = (
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _long_lived_heap_frozen() -> None:
+    """Each test file starts with the worker's long-lived heap out of the collector's walks
+    (:mod:`helpers.frozen_heap` says why and when it is safe)."""
+    from helpers.frozen_heap import freeze_the_long_lived_heap
+
+    freeze_the_long_lived_heap()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first = {path: rank for rank, path in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))  # stable

@@ -78,19 +78,21 @@ def _process_state_restored():
     from helpers.log_state import logging_restored
 
     environ, cwd, argv, showwarning = dict(os.environ), os.getcwd(), sys.argv, warnings.showwarning
+    frozen_before = gc.get_freeze_count()
     with logging_restored():
         try:
             yield
         finally:
-            _drop_run_state()
+            _drop_run_state(frozen_before)
             os.environ.clear()
             os.environ.update(environ)
             os.chdir(cwd)
             sys.argv, warnings.showwarning = argv, showwarning
 
 
-def _drop_run_state() -> None:
-    """What a finished in-process run leaves behind that the next one must not find."""
+def _drop_run_state(frozen_before: int) -> None:
+    """What a finished in-process run leaves behind that the next one must not find
+    (``frozen_before``: the size of the collector's frozen generation when the run started)."""
     wandb = sys.modules.get("wandb")
     if wandb is not None and wandb.run is not None:
         wandb.finish()  # else the next run's WandbLogger would log into this run
@@ -100,8 +102,13 @@ def _drop_run_state() -> None:
     engine_helpers = sys.modules.get("helpers.engine_helpers")
     if engine_helpers is not None:
         engine_helpers.drop_vllm_engine()
-    gc.unfreeze()  # what `lvrl` froze after its imports (a process of its own never needs this)
-    gc.collect()  # the run's model and rollout engine (its KV cache) go now, not at random later
+    if gc.get_freeze_count() > frozen_before:
+        # The run froze objects and did not thaw them (an engine that failed before its
+        # shutdown, which unfreezes): they could never be collected.
+        gc.unfreeze()
+    # The run's model and rollout engine (its KV cache) go now, not at random later. A walk of
+    # what is not frozen (helpers.frozen_heap): cheap while the worker's long-lived heap is.
+    gc.collect()
 
 
 @contextlib.contextmanager

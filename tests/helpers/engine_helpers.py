@@ -89,6 +89,8 @@ def vllm_engine(model_dir: str, max_model_len: int = 1024) -> Any:
 
 def drop_vllm_engine() -> None:
     """Shut the kept engine down now (and with it vLLM's process-wide parallel state)."""
+    if not _ENGINE:
+        return
     for engine in _ENGINE.values():
         engine.llm_engine.engine_core.shutdown()
     _ENGINE.clear()
