@@ -1,7 +1,8 @@
 """Every YAML under configs/ parses with the real CLI (`--print_config` exits 0).
 
 Each config is parsed in this process through ``app.cli.main`` (:func:`helpers.cli.lvrl`); one
-`lvrl fit --print_config` runs as a subprocess, to see that a fresh process prints no warning."""
+`lvrl fit --print_config` runs as a subprocess, to see that a fresh process prints no warning;
+and a command called in a process that has imported lvrl already leaves the caller's heap unfrozen."""
 
 from __future__ import annotations
 
@@ -52,3 +53,23 @@ def test_print_config_in_a_fresh_process_warns_nothing() -> None:
     assert "Warning" not in result.stderr and "args parameter" not in result.stderr, result.stderr[-2000:]
     # Imports and parsing take ~10 CPU s.
     assert cpu_seconds < 30, f"{cpu_seconds:.1f} CPU s"
+
+
+def test_a_command_in_a_process_that_imported_lvrl_before_freezes_none_of_the_callers_objects(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lvrl` freezes the heap its imports build, out of the collector's walks; called in a
+    process that has imported them already (a test, a notebook), it must not freeze the caller's
+    objects with them: those would never be collected as part of a cycle."""
+    import gc
+
+    import app.lightning_cli  # noqa: F401  # what `main` would otherwise import (and freeze)
+    from app.cli import main
+
+    frozen = gc.get_freeze_count()
+    monkeypatch.setattr("sys.argv", ["lvrl", "fit", "--config", "configs/demo/sft.yaml", "--print_config"])
+    monkeypatch.chdir(REPO_ROOT)
+    with pytest.raises(SystemExit):
+        main()
+    assert "SFTModule" in capsys.readouterr().out
+    assert gc.get_freeze_count() <= frozen  # nothing added to the frozen generation
