@@ -38,20 +38,20 @@ def pytest_configure(config: pytest.Config) -> None:
 LONGEST_FILES = (
     "tests/e2e/test_resume.py",
     "tests/e2e/test_exit_hygiene.py",
-    "tests/e2e/test_sharded_resume.py",
     "tests/e2e/test_demo_script.py",
+    "tests/e2e/test_sharded_resume.py",
     "tests/e2e/test_real_vocabulary.py",
     "tests/e2e/test_grpo_sp_cli.py",
     "tests/distributed/test_sharded_training.py",
-    "tests/unit/test_memory_plan.py",
     "tests/e2e/test_sft_cli.py",
     "tests/e2e/test_sft_sharded.py",
-    "tests/e2e/test_failures.py",
     "tests/distributed/test_lora_sharded.py",
-    "tests/e2e/test_data_build_benchmarks.py",
-    "tests/e2e/test_configs.py",
+    "tests/e2e/test_failures.py",
     "tests/e2e/test_build_families_vllm.py",
-    "tests/distributed/test_sharded_weights.py",
+    "tests/e2e/test_engine_limits.py",
+    "tests/e2e/test_qwen_video_parity.py",
+    "tests/e2e/test_configs.py",
+    "tests/unit/test_memory_plan.py",
 )
 
 
