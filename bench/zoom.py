@@ -268,9 +268,11 @@ def stage_cost(run_dir: Path) -> Cost:
 
 
 def last_steps(csv_dir: Path) -> list[int]:
-    """The last step each ``version_N`` attempt of a CSV logger's folder logged, in N order."""
+    """How many training steps each ``version_N`` attempt of a CSV logger's folder had reached, in
+    N order. Lightning logs a step's metrics under its 0-based index (the global step before that
+    step's update, so a 3,000-step run's last row reads 2999): the count is the last index + 1."""
     versions = sorted(csv_dir.glob("version_*/metrics.csv"), key=lambda f: int(f.parent.name.split("_")[1]))
-    return [max((int(row["step"]) for row in csv_rows(version)), default=0) for version in versions]
+    return [max((int(row["step"]) + 1 for row in csv_rows(version)), default=0) for version in versions]
 
 
 def summed(costs: Iterable[Cost]) -> Cost:

@@ -419,11 +419,12 @@ def attempt(run_dir: Path, cpu_seconds: float | None, **more: object) -> None:
 
 
 def logged_steps(run_dir: Path, *versions: list[int]) -> None:
-    """A CSV logger's version folders, each logging ``steps``."""
+    """A CSV logger's version folders, each logging after ``steps`` (a count of steps done; Lightning
+    writes the step's 0-based index, one less)."""
     for number, steps in enumerate(versions):
         folder = run_dir / "csv" / f"version_{number}"
         folder.mkdir(parents=True)
-        rows = "".join(f"{step},0.5\n" for step in steps)
+        rows = "".join(f"{step - 1},0.5\n" for step in steps)
         (folder / "metrics.csv").write_text("step,train/loss\n" + rows)
 
 
@@ -448,6 +449,8 @@ def test_a_stage_costs_the_cpu_of_its_attempts_and_charges_unmeasured_steps_at_t
     attempt(legacy, 300.0)
     assert zoom.stage_cost(legacy) == zoom.Cost(900.0, estimated=True)
     assert zoom.cost_cell([zoom.Cost(900.0, estimated=True), zoom.Cost(700.0)]) == "~800 ± 141"
+
+    assert zoom.last_steps(legacy / "csv") == [400, 600, 900]
 
     nothing_measured = tmp_path / "nothing"
     nothing_measured.mkdir()
