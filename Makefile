@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 LVRL := $(VENV)/bin/lvrl
 STAMP := $(VENV)/.lvrl-setup
 DEMO_DIR ?= runs/demo
+# Bytecode of the checkout's modules (edited ones since the set-up): see tools/compile_checkout.sh.
+COMPILE_CHECKOUT := bash tools/compile_checkout.sh $(PY)
 
 .PHONY: setup setup-gpu demo demo-zoom test lint bench clean
 
@@ -19,10 +21,12 @@ setup-gpu:
 	$(PY) -m pip install -e ".[gpu,dev]"
 
 demo: setup
+	$(COMPILE_CHECKOUT)
 	bash tools/demo.sh $(DEMO_DIR)
 
 # Frames on request: the zoom task, tool-trace SFT, dense SFT for comparison, GRPO with requests.
 demo-zoom: setup
+	$(COMPILE_CHECKOUT)
 	bash tools/demo_zoom.sh runs/zoom
 
 # Two pytest workers, whole files each (module fixtures are built once, a file's tests run in
@@ -32,6 +36,7 @@ TEST_WORKERS ?= 2
 
 test: setup
 	$(PY) -m ruff check .
+	$(COMPILE_CHECKOUT)
 	WANDB_MODE=offline $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup

