@@ -47,9 +47,9 @@ else
 fi
 
 # The checkout's own modules are installed editable, so the installer compiles none of them; with
-# PYTHONDONTWRITEBYTECODE set, every lvrl process would compile the ~100 it imports from source
-# (a third of a second each). Compiled once here; an edited module is compiled again in memory
-# until the next `make setup` or `make test` (Makefile: COMPILE_CHECKOUT).
+# PYTHONDONTWRITEBYTECODE set, every lvrl process would compile the ~100 it imports from source.
+# Compiled once here; an edited module is compiled again in memory by each process until the
+# next `make setup`, `make test` or demo (Makefile: COMPILE_CHECKOUT).
 bash tools/compile_checkout.sh "$py"
 
 # torchvision from PyPI is a CUDA build: install the import shim (tools/torchvision_cpu_shim.py).
