@@ -36,13 +36,16 @@ target stated before the runs.
 Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
 resumes from its last checkpoint, so an interrupted comparison continues where it stopped. A
 stage whose folder ran another recipe (its ``config.yaml`` differs from what this command would
-train, apart from where files live) stops the bench with the keys that differ.
+train, apart from where files live) stops the bench with the keys that differ. With
+``--records``, each finished stage is also recorded in the repository (:mod:`bench.zoom_records`)
+and a start puts back what ``--out`` lacks: the working folder can be lost (a new machine).
 
 Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] [--seeds 0 1 2]
        [--given-oracle-share 0.5]
        [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--tool-sft-steps 3000]
        [--grpo-steps 200]
        [--longer-grpo 300 400] [--grpo-set data.init_args.batch_size=16 ...] [--stages ...]
+       [--records bench/results/zoom_protocol/NAME]
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.commands.report import last_predictions, last_records, paired_comparison
-from bench import zoom_oracle_data
+from bench import zoom_oracle_data, zoom_records
 from bench.grpo_runs import (
     REPO,
     attempts,
@@ -484,10 +487,12 @@ def continue_grpo(
     lengths: list[int],
     costs: dict[str, list[Cost]],
     settings: list[str] | None = None,
+    records: Path | None = None,
 ) -> list[tuple[int, dict[str, bool]]]:
     """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
     it, each from the one before's last checkpoint, with the same ``settings`` as the first:
-    :func:`with_settings`), each evaluated on the validation and test splits: its answers."""
+    :func:`with_settings`), each evaluated on the validation and test splits: its answers. Each
+    is recorded in ``records`` when given (:mod:`bench.zoom_records`)."""
     answers = []
     previous = first
     for steps in lengths:
@@ -500,6 +505,8 @@ def continue_grpo(
         evaluations = [evaluate(run_dir, f"{data}/{split}-*.tar", split) for split in ("val", "test")]
         costs.setdefault(f"tool GRPO to {steps} training", []).append(trained)
         costs.setdefault(f"tool GRPO to {steps} evaluation", []).append(summed(c for _, c in evaluations))
+        if records is not None:
+            zoom_records.keep(records, seed, run_dir.name, [run_dir, *(folder for folder, _ in evaluations)])
         answers.append((steps, answered([folder for folder, _ in evaluations])))
         previous = run_dir
     return answers
@@ -764,6 +771,12 @@ def main() -> None:
         "count is chosen on the validation split (pooled over seeds) and reported on the test split",
     )
     parser.add_argument(
+        "--records",
+        help="keep each finished stage's record here (config, attempts, metrics, predictions; "
+        "bench/zoom_records.py), and start by putting back the records of stages --out lacks: "
+        "a lost --out then costs only the unfinished stages",
+    )
+    parser.add_argument(
         "--stages",
         nargs="+",
         choices=STAGE_NAMES,
@@ -800,6 +813,14 @@ def main() -> None:
     # another family: mixing them would compare runs of two different models.
     build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model), "--reuse"]
     run_lvrl(out, [*build, "--corpus", f"{data}/train-00000.tar"], log_name="model-build.log")
+    records = Path(args.records) if args.records else None
+    if records is not None:
+        continuations = [f"grpo-tool-{steps}" for steps in args.longer_grpo]
+        starts_from = {stage.folder: stage.after for stage in stages if stage.after}
+        starts_from |= dict(zip(continuations, ["grpo-tool", *continuations], strict=False))
+        folders = [stage.folder for stage in stages] + continuations
+        for restored in zoom_records.restore_finished(records, out, args.seeds, folders, starts_from):
+            print(f"{restored}: restored from its record in {records}", flush=True)
     results: dict[str, list[SeedResult]] = {stage.label: [] for stage in stages}
     costs: dict[str, list[Cost]] = {}
     longer: dict[int, list[dict[str, bool]]] = {}
@@ -835,6 +856,9 @@ def main() -> None:
                 evaluations[GIVEN_ORACLE] = evaluate(
                     run_dir, f"{oracle_data}/val-*.tar", GIVEN_ORACLE, given_request=True
                 )
+            if records is not None:
+                done = [run_dir, *(folder for folder, _ in evaluations.values())]
+                zoom_records.keep(records, seed, stage.folder, done)
             costs.setdefault(f"{stage.label} training", []).append(trained)
             evaluation_cost = summed(cost for _, cost in evaluations.values())
             costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
@@ -860,7 +884,7 @@ def main() -> None:
                 # The continuations come next, before the dense baselines: the tool path of a seed
                 # is then whole while its dense SFTs (the longest stages) still run.
                 for more, answers in continue_grpo(
-                    run_dir, data, seed, args.longer_grpo, costs, args.grpo_set
+                    run_dir, data, seed, args.longer_grpo, costs, args.grpo_set, records
                 ):
                     longer.setdefault(more, []).append(answers)
 
