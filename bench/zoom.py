@@ -31,7 +31,8 @@ stretch once it has asked for it.
 Printed: per setting, accuracy (mean ± spread over seeds, and per seed), frames and visual
 tokens per answer, trainer CPU seconds, requests, span hit rate and the probe; on the test split,
 exact McNemar tests per seed and pooled, a paired t-test over the seeds, and the verdict of the
-target stated before the runs.
+target stated before the runs. With ``--records``, the report is also written there
+(``report-seeds-0-1-2.md``, with the command, commit, machine and date).
 
 Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
 resumes from its last checkpoint, so an interrupted comparison continues where it stopped. A
@@ -76,6 +77,7 @@ from bench.grpo_runs import (
     run_lvrl,
     training_csv_logger,
 )
+from evaluation.provenance import provenance
 from evaluation.significance import paired_seeds
 
 CONFIGS = REPO / "configs" / "zoom"
@@ -892,28 +894,37 @@ def main() -> None:
     dataset = json.loads((Path(data) / "dataset.json").read_text())
     size = int(dataset["config"]["size"])
     tokens = tokens_per_frame(model, size, int(config["data"]["init_args"]["max_pixels_per_frame"]))
-    print(f"\nzoom task, seeds {args.seeds}; visual tokens a frame: {tokens:g}")
-    print("\nvalidation split (where recipes are chosen):")
-    print(report(results, tokens, "val"))
-    for line in reading_lines(results):
-        print(line)
-    print("\ntest split (the comparison; nothing was chosen on it):")
-    print(report(results, tokens, "test"))
-    for line in comparisons(results):
-        print(line)
-    for line in training_lines(results, args.max_sft_steps, args.tool_sft_steps):
-        print(line)
+    lines = [f"zoom task, seeds {args.seeds}; visual tokens a frame: {tokens:g}"]
+    lines += ["", "validation split (where recipes are chosen):", report(results, tokens, "val")]
+    lines += reading_lines(results)
+    lines += ["", "test split (the comparison; nothing was chosen on it):", report(results, tokens, "test")]
+    lines += comparisons(results)
+    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps)
     if longer and sft_answers and first_grpo:
-        print(
+        lines.append(
             longer_grpo_report(
                 args.grpo_steps, args.seeds, sft_answers, {args.grpo_steps: first_grpo, **longer}
             )
         )
-    print("\nthe target stated before the runs:")
-    for line in verdict(results):
-        print(line)
-    print("\nCPU seconds per seed: " + ", ".join(f"{k} {cost_cell(v)}" for k, v in costs.items()))
-    print("(~: part charged per training step at the measured rate, for attempts run before CPU was counted)")
+    lines += ["", "the target stated before the runs:", *verdict(results)]
+    lines.append("\nCPU seconds per seed: " + ", ".join(f"{k} {cost_cell(v)}" for k, v in costs.items()))
+    lines.append(
+        "(~: part charged per training step at the measured rate, for attempts run before CPU was counted)"
+    )
+    text = "\n".join(lines)
+    print("\n" + text)
+    if records is not None:
+        # The report as a results file beside the records it was computed from, with where it
+        # came from (the docs quote this file, not a terminal).
+        name = f"report-seeds-{'-'.join(map(str, args.seeds))}.md"
+        made = provenance([Path(sys.argv[0]).name, *sys.argv[1:]])
+        header = [f"# bench/zoom.py report, seeds {args.seeds}", ""]
+        header += [
+            f"- {key}: {json.dumps(value) if isinstance(value, dict) else value}"
+            for key, value in made.items()
+        ]
+        (records / name).write_text("\n".join([*header, "", "```", text, "```", ""]))
+        print(f"written: {records / name}")
 
 
 if __name__ == "__main__":

@@ -166,6 +166,10 @@ def test_a_bench_started_on_an_empty_folder_trains_only_what_has_no_record(
         *("sft-dense-48", "sft-dense-48-val", "sft-dense-48-test", "sft-dense-48-probe"),
     ]
     assert sorted(p.name for p in (records / "seed0").iterdir()) == ["grpo-tool", "sft-dense-48", "sft-tool"]
+    # The report is a results file beside its records, with where it came from.
+    written = (records / "report-seeds-0.md").read_text()
+    assert "- commit: " in written and "- command: zoom.py --data" in written
+    assert first.split("\nwritten: ")[0].strip() in written
     assert bench("second") == first and ran == []
     (records / "seed0" / "grpo-tool" / zoom_records.MANIFEST).unlink()
     assert bench("third") == first
