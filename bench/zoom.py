@@ -46,7 +46,7 @@ Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] 
        [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--tool-sft-steps 3000]
        [--grpo-steps 200]
        [--longer-grpo 300 400] [--grpo-set data.init_args.batch_size=16 ...] [--stages ...]
-       [--records bench/results/zoom_protocol/NAME]
+       [--records bench/results/zoom_protocol/NAME] [--status]
 """
 
 from __future__ import annotations
@@ -718,6 +718,24 @@ def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
     return lines
 
 
+def stage_state(run_dir: Path, steps: int, evaluations: list[str], recorded: bool) -> str:
+    """One line of ``--status``: where a stage of a seed stands in the working folder and its record."""
+    folder = run_dir.name
+    evaluated = [name for name in evaluations if (run_dir.parent / f"{folder}-{name}" / "done").exists()]
+    record = ", recorded" if recorded else ""
+    if (run_dir / "done").exists():
+        state = f"trained ({max(last_steps(run_dir / 'csv'), default=0)} steps)"
+    elif recorded:
+        return f"{folder}: recorded, not in this folder (put back at the next start)"
+    elif (run_dir / "csv").exists():
+        state = f"training: step {max(last_steps(run_dir / 'csv'), default=0)} of {steps}"
+    else:
+        return f"{folder}: not started"
+    return (
+        f"{folder}: {state}; evaluated: {', '.join(evaluated) or 'none'} of {', '.join(evaluations)}{record}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/zoom", help="the zoom task's shards (built if missing)")
@@ -779,6 +797,11 @@ def main() -> None:
         "a lost --out then costs only the unfinished stages",
     )
     parser.add_argument(
+        "--status",
+        action="store_true",
+        help="print where each stage of each seed stands (trained, its step, evaluated, recorded) and exit",
+    )
+    parser.add_argument(
         "--stages",
         nargs="+",
         choices=STAGE_NAMES,
@@ -794,6 +817,21 @@ def main() -> None:
         parser.error("--stages: grpo-tool starts from sft-tool's export")
     out, data, oracle_data = Path(args.out), args.data, args.oracle_data
     stages = [stage for stage in STAGES if stage.folder in args.stages]
+
+    def steps_of(stage: Stage) -> int:
+        """The steps ``stage`` trains: GRPO's, the tool SFT's budget, a baseline's cap."""
+        return args.grpo_steps if stage.after else args.tool_sft_steps if stage.budget else args.max_sft_steps
+
+    if args.status:
+        for seed in args.seeds:
+            for stage in stages:
+                names = ["val", "test", "probe", *([GIVEN_ORACLE] if stage.folder == "sft-tool" else [])]
+                recorded = bool(args.records) and zoom_records.recorded(
+                    Path(args.records), seed, stage.folder
+                )
+                run_dir = out / f"seed{seed}" / stage.folder
+                print(f"seed {seed} " + stage_state(run_dir, steps_of(stage), names, recorded))
+        return
     manifest = Path(data) / "dataset.json"
     if not manifest.exists():
         share = ["--given-oracle-share", str(args.given_oracle_share)]
@@ -832,12 +870,7 @@ def main() -> None:
         for stage in stages:
             run_dir = out / f"seed{seed}" / stage.folder
             start = run_dir.parent / stage.after / "hf" if stage.after else model
-            if stage.after:
-                steps = args.grpo_steps
-            elif stage.budget:
-                steps = args.tool_sft_steps
-            else:
-                steps = args.max_sft_steps
+            steps = steps_of(stage)
             stage_data = oracle_data if stage.oracle else data
             config = stage_config(stage, run_dir, start, stage_data, seed, steps)
             if stage.after:

@@ -102,13 +102,19 @@ def restore(records: Path, out: Path, seed: int, stage: str) -> bool:
     return True
 
 
+def recorded(records: Path, seed: int, stage: str) -> bool:
+    """Whether ``stage`` of ``seed`` has a record in ``records``."""
+    return (records / f"seed{seed}" / stage / MANIFEST).exists()
+
+
 def _restorable(
     records: Path, seed: int, stage: str, stages: list[str], starts_from: Mapping[str, str]
 ) -> bool:
     """Whether ``stage`` has a record and so has every stage run after it from its weights."""
     later = [s for s, base in starts_from.items() if base == stage and s in stages]
-    recorded = (records / f"seed{seed}" / stage / MANIFEST).exists()
-    return recorded and all(_restorable(records, seed, s, stages, starts_from) for s in later)
+    return recorded(records, seed, stage) and all(
+        _restorable(records, seed, s, stages, starts_from) for s in later
+    )
 
 
 def restore_finished(

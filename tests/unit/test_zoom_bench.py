@@ -458,3 +458,22 @@ def test_a_stage_costs_the_cpu_of_its_attempts_and_charges_unmeasured_steps_at_t
     logged_steps(nothing_measured, [10, 20])
     cost = zoom.stage_cost(nothing_measured)
     assert cost.estimated and cost.cpu_seconds != cost.cpu_seconds
+
+
+def test_the_status_line_says_where_a_stage_stands(tmp_path: Path) -> None:
+    run_dir = tmp_path / "seed0" / "sft-tool"
+    evaluations = ["val", "test"]
+    assert zoom.stage_state(run_dir, 3000, evaluations, recorded=False) == "sft-tool: not started"
+    assert "recorded, not in this folder" in zoom.stage_state(run_dir, 3000, evaluations, recorded=True)
+    (run_dir / "csv" / "version_0").mkdir(parents=True)
+    rows = "".join(f"0.5,{step}\n" for step in range(9, 350, 10))  # logged every 10 steps: 349 last
+    (run_dir / "csv" / "version_0" / "metrics.csv").write_text("train/loss,step\n" + rows)
+    assert zoom.stage_state(run_dir, 3000, evaluations, recorded=False) == (
+        "sft-tool: training: step 350 of 3000; evaluated: none of val, test"
+    )
+    (run_dir / "done").touch()
+    (tmp_path / "seed0" / "sft-tool-val").mkdir()
+    (tmp_path / "seed0" / "sft-tool-val" / "done").touch()
+    assert zoom.stage_state(run_dir, 3000, evaluations, recorded=True) == (
+        "sft-tool: trained (350 steps); evaluated: val of val, test, recorded"
+    )
