@@ -124,7 +124,7 @@ class Stage:
         return self.after is None and not self.budget
 
 
-STAGES = (  # in running order: GRPO starts from the tool SFT export
+STAGES = (  # GRPO starts from the tool SFT export; running_order says in which order they run
     Stage("tool SFT", "sft-tool", "sft_tool.yaml", budget=True),
     Stage("tool GRPO", "grpo-tool", "grpo_tool.yaml", after="sft-tool"),
     Stage("dense 48", "sft-dense-48", "sft_dense.yaml", frames=48),
@@ -718,6 +718,16 @@ def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
     return lines
 
 
+def running_order(stages: list[Stage], seeds: list[int]) -> list[tuple[int, Stage]]:
+    """The (seed, stage) pairs in the order they run: the tool path (tool SFT, then GRPO) of every
+    seed first, then the baselines of every seed. GRPO against its SFT start over the seeds is
+    then known before the baselines, the longest stages, have run; and a seed's tool SFT export
+    is needed by its GRPO right after, not a day later (a lost working folder loses it)."""
+    tool_path = [stage for stage in stages if stage.budget or stage.after]
+    baselines = [stage for stage in stages if stage not in tool_path]
+    return [(seed, stage) for group in (tool_path, baselines) for seed in seeds for stage in group]
+
+
 def stage_state(run_dir: Path, steps: int, evaluations: list[str], recorded: bool) -> str:
     """One line of ``--status``: where a stage of a seed stands in the working folder and its record."""
     folder = run_dir.name
@@ -823,14 +833,11 @@ def main() -> None:
         return args.grpo_steps if stage.after else args.tool_sft_steps if stage.budget else args.max_sft_steps
 
     if args.status:
-        for seed in args.seeds:
-            for stage in stages:
-                names = ["val", "test", "probe", *([GIVEN_ORACLE] if stage.folder == "sft-tool" else [])]
-                recorded = bool(args.records) and zoom_records.recorded(
-                    Path(args.records), seed, stage.folder
-                )
-                run_dir = out / f"seed{seed}" / stage.folder
-                print(f"seed {seed} " + stage_state(run_dir, steps_of(stage), names, recorded))
+        for seed, stage in running_order(stages, args.seeds):
+            names = ["val", "test", "probe", *([GIVEN_ORACLE] if stage.folder == "sft-tool" else [])]
+            recorded = bool(args.records) and zoom_records.recorded(Path(args.records), seed, stage.folder)
+            run_dir = out / f"seed{seed}" / stage.folder
+            print(f"seed {seed} " + stage_state(run_dir, steps_of(stage), names, recorded))
         return
     manifest = Path(data) / "dataset.json"
     if not manifest.exists():
@@ -866,62 +873,60 @@ def main() -> None:
     longer: dict[int, list[dict[str, bool]]] = {}
     sft_answers: list[dict[str, bool]] = []
     first_grpo: list[dict[str, bool]] = []
-    for seed in args.seeds:
-        for stage in stages:
-            run_dir = out / f"seed{seed}" / stage.folder
-            start = run_dir.parent / stage.after / "hf" if stage.after else model
-            steps = steps_of(stage)
-            stage_data = oracle_data if stage.oracle else data
-            config = stage_config(stage, run_dir, start, stage_data, seed, steps)
-            if stage.after:
-                config = with_settings(config, args.grpo_set)
-            trained = train(run_dir, config)
-            probe = swapped_videos(
-                Path(stage_data), "test", out / f"probe-{'oracle' if stage.oracle else 'random'}"
+    for seed, stage in running_order(stages, args.seeds):
+        run_dir = out / f"seed{seed}" / stage.folder
+        start = run_dir.parent / stage.after / "hf" if stage.after else model
+        steps = steps_of(stage)
+        stage_data = oracle_data if stage.oracle else data
+        config = stage_config(stage, run_dir, start, stage_data, seed, steps)
+        if stage.after:
+            config = with_settings(config, args.grpo_set)
+        trained = train(run_dir, config)
+        probe = swapped_videos(
+            Path(stage_data), "test", out / f"probe-{'oracle' if stage.oracle else 'random'}"
+        )
+        shards = {
+            "val": f"{stage_data}/val-*.tar",
+            "test": f"{stage_data}/test-*.tar",
+            "probe": f"{probe}/test-*.tar",
+        }
+        evaluations = {name: evaluate(run_dir, glob, name) for name, glob in shards.items()}
+        if stage.folder == "sft-tool":
+            # GRPO rewards answers: it can teach where to look only to a model whose answers
+            # are right when it looked there. Checked on validation, the oracle request given.
+            evaluations[GIVEN_ORACLE] = evaluate(
+                run_dir, f"{oracle_data}/val-*.tar", GIVEN_ORACLE, given_request=True
             )
-            shards = {
-                "val": f"{stage_data}/val-*.tar",
-                "test": f"{stage_data}/test-*.tar",
-                "probe": f"{probe}/test-*.tar",
-            }
-            evaluations = {name: evaluate(run_dir, glob, name) for name, glob in shards.items()}
-            if stage.folder == "sft-tool":
-                # GRPO rewards answers: it can teach where to look only to a model whose answers
-                # are right when it looked there. Checked on validation, the oracle request given.
-                evaluations[GIVEN_ORACLE] = evaluate(
-                    run_dir, f"{oracle_data}/val-*.tar", GIVEN_ORACLE, given_request=True
-                )
-            if records is not None:
-                done = [run_dir, *(folder for folder, _ in evaluations.values())]
-                zoom_records.keep(records, seed, stage.folder, done)
-            costs.setdefault(f"{stage.label} training", []).append(trained)
-            evaluation_cost = summed(cost for _, cost in evaluations.values())
-            costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
-            test_dir = evaluations["test"][0]
-            tool = stage.frames is None
-            result = SeedResult(
-                seed,
-                {name: last(folder / "csv", "val/accuracy") for name, (folder, _) in evaluations.items()},
-                answered([test_dir]),
-                last(test_dir / "csv", "val/frames_per_answer") if tool else float(stage.frames or 0),
-                trained,
-                max(last_steps(run_dir / "csv"), default=0),
-            )
-            if tool:
-                result.requests = last(test_dir / "csv", "val/requests_per_answer")
-                result.span_hit = last(test_dir / "csv", "val/span_hit_rate")
-                result.hits = span_hits(test_dir)
-            results[stage.label].append(result)
-            if stage.folder == "sft-tool":
-                sft_answers.append(answered([evaluations["val"][0], test_dir]))
-            if stage.folder == "grpo-tool":
-                first_grpo.append(answered([evaluations["val"][0], test_dir]))
-                # The continuations come next, before the dense baselines: the tool path of a seed
-                # is then whole while its dense SFTs (the longest stages) still run.
-                for more, answers in continue_grpo(
-                    run_dir, data, seed, args.longer_grpo, costs, args.grpo_set, records
-                ):
-                    longer.setdefault(more, []).append(answers)
+        if records is not None:
+            done = [run_dir, *(folder for folder, _ in evaluations.values())]
+            zoom_records.keep(records, seed, stage.folder, done)
+        costs.setdefault(f"{stage.label} training", []).append(trained)
+        evaluation_cost = summed(cost for _, cost in evaluations.values())
+        costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
+        test_dir = evaluations["test"][0]
+        tool = stage.frames is None
+        result = SeedResult(
+            seed,
+            {name: last(folder / "csv", "val/accuracy") for name, (folder, _) in evaluations.items()},
+            answered([test_dir]),
+            last(test_dir / "csv", "val/frames_per_answer") if tool else float(stage.frames or 0),
+            trained,
+            max(last_steps(run_dir / "csv"), default=0),
+        )
+        if tool:
+            result.requests = last(test_dir / "csv", "val/requests_per_answer")
+            result.span_hit = last(test_dir / "csv", "val/span_hit_rate")
+            result.hits = span_hits(test_dir)
+        results[stage.label].append(result)
+        if stage.folder == "sft-tool":
+            sft_answers.append(answered([evaluations["val"][0], test_dir]))
+        if stage.folder == "grpo-tool":
+            first_grpo.append(answered([evaluations["val"][0], test_dir]))
+            # The continuations come next, before the baselines (running_order says why).
+            for more, answers in continue_grpo(
+                run_dir, data, seed, args.longer_grpo, costs, args.grpo_set, records
+            ):
+                longer.setdefault(more, []).append(answers)
 
     config = yaml.safe_load((CONFIGS / "sft_tool.yaml").read_text())
     dataset = json.loads((Path(data) / "dataset.json").read_text())

@@ -477,3 +477,16 @@ def test_the_status_line_says_where_a_stage_stands(tmp_path: Path) -> None:
     assert zoom.stage_state(run_dir, 3000, evaluations, recorded=True) == (
         "sft-tool: trained (350 steps); evaluated: val of val, test, recorded"
     )
+
+
+def test_the_tool_path_of_every_seed_runs_before_the_baselines() -> None:
+    order = [(seed, stage.folder) for seed, stage in zoom.running_order(list(zoom.STAGES), [2, 0])]
+    baselines = ["sft-dense-48", "sft-oracle", "sft-dense-128", "sft-dense-256"]
+    assert order == [
+        (2, "sft-tool"),
+        (2, "grpo-tool"),
+        (0, "sft-tool"),
+        (0, "grpo-tool"),
+        *((2, stage) for stage in baselines),
+        *((0, stage) for stage in baselines),
+    ]
