@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from bench import grpo_runs, zoom
-from bench.zoom import longer_grpo_report, paired_line, with_settings
+from bench.zoom import with_settings
 from bench.zoom_listings import reference_readings, tally
+from bench.zoom_report import longer_grpo_report, paired_line
 
 REPO = Path(__file__).resolve().parents[2]
 
