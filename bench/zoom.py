@@ -28,11 +28,11 @@ tool SFT also answers the validation split with the oracle request given (on the
 GRPO, rewarded for answers, can only teach where to look to a model that reads the right
 stretch once it has asked for it.
 
-Printed (:mod:`bench.zoom_report`): per setting, accuracy (mean ± spread over seeds, and per seed), frames and visual
-tokens per answer, trainer CPU seconds, requests, span hit rate and the probe; on the test split,
-exact McNemar tests per seed and pooled, a paired t-test over the seeds, and the verdict of the
-target stated before the runs. With ``--records``, the report is also written there
-(``report-seeds-0-1-2.md``, with the command, commit, machine and date).
+Printed (:mod:`bench.zoom_report`): per setting, accuracy (mean ± spread over seeds, and per
+seed), frames and visual tokens per answer, trainer CPU seconds, requests, span hit rate and the
+probe; on the test split, exact McNemar tests per seed and pooled, a paired t-test over the
+seeds, and the verdict of the target stated before the runs. With ``--records``, the report is
+also written there (``report-seeds-0-1-2.md``, with the command, commit, machine and date).
 
 Every stage is skipped when its folder holds ``done``, and a training stage stopped part way
 resumes from its last checkpoint, so an interrupted comparison continues where it stopped. A
