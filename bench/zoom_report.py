@@ -243,34 +243,43 @@ def training_lines(
 
 
 def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
-    """The target stated before the runs (docs/tool-use.md), point by point, on the test split."""
+    """The target stated before the runs (docs/tool-use.md), point by point, on the test split. A
+    point whose settings were not run (``--stages``) says so: it is neither met nor missed."""
 
     def mean_accuracy(label: str) -> float:
         values = [r.accuracy["test"] for r in results.get(label, [])]
         return sum(values) / len(values) if values else float("nan")
 
+    if not results.get("tool GRPO"):
+        return ["- no verdict: tool GRPO was not run"]
     grpo = mean_accuracy("tool GRPO")
+    lines = []
+    if results.get("dense 48"):
+        lines.append(
+            f"- target: tool GRPO {grpo:.3f} vs dense 48 {mean_accuracy('dense 48'):.3f}: "
+            + ("met" if grpo - mean_accuracy("dense 48") >= 0.10 else "NOT met")
+            + " (at least +0.10)"
+        )
+    else:
+        lines.append("- target: tool GRPO at least +0.10 over dense 48: no verdict, dense 48 was not run")
+    dense = {label: seeds for label, seeds in results.items() if label.startswith("dense") and seeds}
     # A dense baseline reads when the probe (another video's frames) costs it 10 points or more.
     reading = {
         label: mean_accuracy(label)
-        for label, seeds in results.items()
-        if label.startswith("dense")
-        and seeds
-        and mean_accuracy(label) - sum(r.accuracy["probe"] for r in seeds) / len(seeds) >= 0.10
+        for label, seeds in dense.items()
+        if mean_accuracy(label) - sum(r.accuracy["probe"] for r in seeds) / len(seeds) >= 0.10
     }
-    lines = [
-        f"- target: tool GRPO {grpo:.3f} vs dense 48 {mean_accuracy('dense 48'):.3f}: "
-        + ("met" if grpo - mean_accuracy("dense 48") >= 0.10 else "NOT met")
-        + " (at least +0.10)"
-    ]
+    within = "- target: within 0.05 of the best dense baseline that reads"
     if reading:
         best = max(reading, key=reading.__getitem__)
         lines.append(
-            f"- target: within 0.05 of the best dense baseline that reads ({best}, {reading[best]:.3f}): "
+            f"{within} ({best}, {reading[best]:.3f}): "
             + ("met" if grpo >= reading[best] - 0.05 else "NOT met")
         )
+    elif dense:
+        lines.append(f"{within}: no dense baseline reads")
     else:
-        lines.append("- target: within 0.05 of the best dense baseline that reads: no dense baseline reads")
+        lines.append(f"{within}: no verdict, no dense baseline was run")
     grpo_runs, sft_runs = results.get("tool GRPO", []), results.get("tool SFT", [])
     if len(grpo_runs) > 1 and [r.seed for r in grpo_runs] == [r.seed for r in sft_runs]:
         over = paired_seeds([r.span_hit for r in sft_runs], [r.span_hit for r in grpo_runs])

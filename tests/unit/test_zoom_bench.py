@@ -18,7 +18,7 @@ import yaml
 from bench import grpo_runs, zoom
 from bench.zoom import with_settings
 from bench.zoom_listings import reference_readings, tally
-from bench.zoom_report import longer_grpo_report, paired_line
+from bench.zoom_report import Cost, SeedResult, longer_grpo_report, paired_line, verdict
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -491,3 +491,26 @@ def test_the_tool_path_of_every_seed_runs_before_the_baselines() -> None:
         *((2, stage) for stage in baselines),
         *((0, stage) for stage in baselines),
     ]
+
+
+def test_a_target_whose_baselines_were_not_run_gets_no_verdict() -> None:
+    """Only the tool path run (``--stages sft-tool grpo-tool``): the targets against the dense
+    baselines are neither met nor missed; the span hit target over seeds is judged."""
+
+    def result(seed: int, accuracy: float, span_hit: float) -> SeedResult:
+        return SeedResult(seed, {"test": accuracy, "probe": 0.25}, {}, 40.0, Cost(1.0), span_hit=span_hit)
+
+    results = {
+        "tool SFT": [result(0, 0.40, 0.25), result(1, 0.41, 0.24), result(2, 0.39, 0.26)],
+        "tool GRPO": [result(0, 0.60, 0.50), result(1, 0.62, 0.52), result(2, 0.61, 0.49)],
+    }
+    lines = verdict(results)
+    assert lines[0] == "- target: tool GRPO at least +0.10 over dense 48: no verdict, dense 48 was not run"
+    assert lines[1].endswith("best dense baseline that reads: no verdict, no dense baseline was run")
+    assert lines[2].startswith("- target: span hit rate above the SFT start across seeds: met")
+    assert verdict({"tool SFT": results["tool SFT"]}) == ["- no verdict: tool GRPO was not run"]
+    # With dense 48 run and not reading (the probe costs it nothing), the first two are judged.
+    results["dense 48"] = [SeedResult(s, {"test": 0.3, "probe": 0.3}, {}, 48.0, Cost(1.0)) for s in (0, 1, 2)]
+    judged = verdict(results)
+    assert judged[0] == "- target: tool GRPO 0.610 vs dense 48 0.300: met (at least +0.10)"
+    assert judged[1].endswith("best dense baseline that reads: no dense baseline reads")
