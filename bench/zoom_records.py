@@ -85,10 +85,20 @@ def restore(records: Path, out: Path, seed: int, stage: str) -> bool:
     if not (source / MANIFEST).exists() or (working / stage / "done").exists():
         return False
     manifest = json.loads((source / MANIFEST).read_text())
-    compressed = set(manifest["compressed"])
-    for name in manifest["folders"]:
+    compressed, folders = set(manifest["compressed"]), list(manifest["folders"])
+    # The folders are removed and rewritten under the seed's folder: a name that is not a plain
+    # folder name (an edited record) could reach outside it.
+    if any(Path(name).name != name or name in (".", "..") for name in folders):
+        raise ValueError(f"{source / MANIFEST}: folder names must be plain names, not {folders}")
+    stored_files = sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST)
+    strays = [
+        str(p.relative_to(source)) for p in stored_files if p.relative_to(source).parts[0] not in folders
+    ]
+    if strays:
+        raise ValueError(f"{source}: files outside the folders its {MANIFEST} lists: {strays[:5]}")
+    for name in folders:
         shutil.rmtree(working / name, ignore_errors=True)
-    for stored in sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST):
+    for stored in stored_files:
         relative = stored.relative_to(source)
         if relative.as_posix() in compressed:
             destination = working / relative.with_name(relative.name.removesuffix(".gz"))

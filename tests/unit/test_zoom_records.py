@@ -177,3 +177,18 @@ def test_a_bench_started_on_an_empty_folder_trains_only_what_has_no_record(
         *("sft-tool", "sft-tool-val", "sft-tool-test", "sft-tool-probe", "sft-tool-val-given-oracle"),
         *("grpo-tool", "grpo-tool-val", "grpo-tool-test", "grpo-tool-probe"),
     ]
+
+
+@pytest.mark.parametrize("folders", [["../../elsewhere"], [".."], ["sft-tool/../.."], ["other"]])
+def test_a_record_whose_manifest_names_other_places_is_refused(tmp_path: Path, folders: list[str]) -> None:
+    """An edited record can neither remove nor write outside the seed's folder, nor carry files
+    its manifest does not list."""
+    records, out = tmp_path / "records", tmp_path / "out"
+    finished(tmp_path / "seed0" / "sft-tool")
+    record = zoom_records.keep(records, 0, "sft-tool", [tmp_path / "seed0" / "sft-tool"])
+    manifest = json.loads((record / zoom_records.MANIFEST).read_text())
+    (record / zoom_records.MANIFEST).write_text(json.dumps({**manifest, "folders": folders}))
+    (out / "keep-me").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"plain names|outside the folders"):
+        zoom_records.restore(records, out, 0, "sft-tool")
+    assert (out / "keep-me").is_dir() and not (out / "seed0").exists()
