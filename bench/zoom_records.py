@@ -58,12 +58,13 @@ def keep(records: Path, seed: int, stage: str, folders: Iterable[Path]) -> Path:
         for relative in _kept(folder):
             source = folder / relative
             stored = Path(folder.name) / relative
-            if source.stat().st_size > COMPRESS_ABOVE and source.suffix != ".gz":
+            compress = source.stat().st_size > COMPRESS_ABOVE and source.suffix != ".gz"
+            if compress:
                 stored = stored.with_name(stored.name + ".gz")
                 compressed.append(stored.as_posix())
             destination = staging / stored
             destination.parent.mkdir(parents=True, exist_ok=True)
-            if stored.as_posix() in compressed:
+            if compress:
                 # mtime 0: the same file gives the same bytes, so a rewritten record is no change.
                 with source.open("rb") as raw, gzip.GzipFile(destination, "wb", mtime=0) as packed:
                     shutil.copyfileobj(raw, packed)
