@@ -104,15 +104,22 @@ READER_GONE_EXIT_CODE = 1
 """Exit status of a command whose output's reader left (``lvrl --help | head``)."""
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@contextlib.contextmanager
+def quiet_if_the_reader_leaves() -> Iterator[None]:
+    """Run a command whose output may be cut short (``| head``) without a traceback."""
     try:
-        _main(argv)
+        yield
     except BrokenPipeError:
-        # The reader of the output has gone (`| head`): stop quietly, as other command-line
-        # tools do, and point stdout at /dev/null so that Python's own flush at exit does not
-        # raise again (the recipe of Python's documentation for SIGPIPE).
+        # The reader of the output has gone: stop quietly, as other command-line tools do, and
+        # point stdout at /dev/null so that Python's own flush at exit does not raise again
+        # (the recipe of Python's documentation for SIGPIPE).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(READER_GONE_EXIT_CODE)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    with quiet_if_the_reader_leaves():
+        _main(argv)
 
 
 def _main(argv: Sequence[str] | None) -> None:

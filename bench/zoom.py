@@ -64,6 +64,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.cli import quiet_if_the_reader_leaves
 from app.commands.report import last_predictions, last_records
 from bench import zoom_oracle_data, zoom_records
 from bench.grpo_runs import (
@@ -417,12 +418,12 @@ def continue_grpo(
     lengths: list[int],
     costs: dict[str, list[Cost]],
     settings: list[str] | None = None,
-    records: Path | None = None,
+    record: Callable[[int, str, list[Path]], None] | None = None,
 ) -> list[tuple[int, dict[str, bool]]]:
     """The tool GRPO run ``first`` continued to each of ``lengths`` steps (``grpo-tool-N`` beside
     it, each from the one before's last checkpoint, with the same ``settings`` as the first:
     :func:`with_settings`), each evaluated on the validation and test splits: its answers. Each
-    is recorded in ``records`` when given (:mod:`bench.zoom_records`)."""
+    finished continuation is passed to ``record`` (seed, folder, its folders) when given."""
     answers = []
     previous = first
     for steps in lengths:
@@ -435,8 +436,8 @@ def continue_grpo(
         evaluations = [evaluate(run_dir, f"{data}/{split}-*.tar", split) for split in ("val", "test")]
         costs.setdefault(f"tool GRPO to {steps} training", []).append(trained)
         costs.setdefault(f"tool GRPO to {steps} evaluation", []).append(summed(c for _, c in evaluations))
-        if records is not None:
-            zoom_records.keep(records, seed, run_dir.name, [run_dir, *(folder for folder, _ in evaluations)])
+        if record is not None:
+            record(seed, run_dir.name, [run_dir, *(folder for folder, _ in evaluations)])
         answers.append((steps, answered([folder for folder, _ in evaluations])))
         previous = run_dir
     return answers
@@ -604,13 +605,21 @@ def main() -> None:
     build = ["model", "build", "--family", args.family, "--preset", "small", "--out", str(model), "--reuse"]
     run_lvrl(out, [*build, "--corpus", f"{data}/train-00000.tar"], log_name="model-build.log")
     records = Path(args.records) if args.records else None
+    restored: list[str] = []
     if records is not None:
         continuations = [f"grpo-tool-{steps}" for steps in args.longer_grpo]
         starts_from = {stage.folder: stage.after for stage in stages if stage.after}
         starts_from |= dict(zip(continuations, ["grpo-tool", *continuations], strict=False))
         folders = [stage.folder for stage in stages] + continuations
-        for restored in zoom_records.restore_finished(records, out, args.seeds, folders, starts_from):
-            print(f"{restored}: restored from its record in {records}", flush=True)
+        restored = zoom_records.restore_finished(records, out, args.seeds, folders, starts_from)
+        for name in restored:
+            print(f"{name}: restored from its record in {records}", flush=True)
+
+    def record(seed: int, stage: str, done: list[Path]) -> None:
+        """Record a finished stage, unless it was just restored from its record."""
+        if records is not None and f"seed{seed}/{stage}" not in restored:
+            zoom_records.keep(records, seed, stage, done)
+
     results: dict[str, list[SeedResult]] = {stage.label: [] for stage in stages}
     costs: dict[str, list[Cost]] = {}
     longer: dict[int, list[dict[str, bool]]] = {}
@@ -640,9 +649,7 @@ def main() -> None:
             evaluations[GIVEN_ORACLE] = evaluate(
                 run_dir, f"{oracle_data}/val-*.tar", GIVEN_ORACLE, given_request=True
             )
-        if records is not None:
-            done = [run_dir, *(folder for folder, _ in evaluations.values())]
-            zoom_records.keep(records, seed, stage.folder, done)
+        record(seed, stage.folder, [run_dir, *(folder for folder, _ in evaluations.values())])
         costs.setdefault(f"{stage.label} training", []).append(trained)
         evaluation_cost = summed(cost for _, cost in evaluations.values())
         costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
@@ -667,7 +674,7 @@ def main() -> None:
             first_grpo.append(answered([evaluations["val"][0], test_dir]))
             # The continuations come next, before the baselines (running_order says why).
             for more, answers in continue_grpo(
-                run_dir, data, seed, args.longer_grpo, costs, args.grpo_set, records
+                run_dir, data, seed, args.longer_grpo, costs, args.grpo_set, record
             ):
                 longer.setdefault(more, []).append(answers)
 
@@ -709,4 +716,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with quiet_if_the_reader_leaves():  # `--status | head`
+        main()

@@ -91,16 +91,16 @@ def restore(records: Path, out: Path, seed: int, stage: str) -> bool:
     # folder name (an edited record) could reach outside it.
     if any(Path(name).name != name or name in (".", "..") for name in folders):
         raise ValueError(f"{source / MANIFEST}: folder names must be plain names, not {folders}")
-    stored_files = sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST)
-    strays = [
-        str(p.relative_to(source)) for p in stored_files if p.relative_to(source).parts[0] not in folders
-    ]
+    stored_files = sorted(
+        p.relative_to(source) for p in source.rglob("*") if p.is_file() and p.name != MANIFEST
+    )
+    strays = [str(relative) for relative in stored_files if relative.parts[0] not in folders]
     if strays:
         raise ValueError(f"{source}: files outside the folders its {MANIFEST} lists: {strays[:5]}")
     for name in folders:
         shutil.rmtree(working / name, ignore_errors=True)
-    for stored in stored_files:
-        relative = stored.relative_to(source)
+    for relative in stored_files:
+        stored = source / relative
         if relative.as_posix() in compressed:
             destination = working / relative.with_name(relative.name.removesuffix(".gz"))
             destination.parent.mkdir(parents=True, exist_ok=True)

@@ -114,8 +114,8 @@ def test_a_bench_started_on_an_empty_folder_trains_only_what_has_no_record(
 ) -> None:
     """The bench's own loop, its lvrl commands replaced by folders written as they would be: the
     first run records every stage; a second, on an empty --out, restores them all and trains
-    nothing; a third, GRPO's record gone, trains the tool SFT and GRPO again (GRPO needs the
-    SFT's export) and restores the dense baseline. The reports agree."""
+    and records nothing; a third, GRPO's record gone, trains and records the tool SFT and GRPO
+    again (GRPO needs the SFT's export) and restores the dense baseline. The reports agree."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "dataset.json").write_text(json.dumps({"config": {"size": 56}}))
@@ -149,12 +149,21 @@ def test_a_bench_started_on_an_empty_folder_trains_only_what_has_no_record(
     )
     monkeypatch.setattr(zoom, "span_hits", lambda eval_dir: {"synth-test-000000": True})
     records = tmp_path / "records"
+    kept: list[str] = []
+    keep = zoom_records.keep
+
+    def keep_and_note(records: Path, seed: int, stage: str, folders: list[Path]) -> Path:
+        kept.append(stage)
+        return keep(records, seed, stage, folders)
+
+    monkeypatch.setattr(zoom.zoom_records, "keep", keep_and_note)
 
     def bench(out: str) -> str:
         argv = ["zoom.py", "--data", str(data), "--oracle-data", str(tmp_path / "oracle"), "--seeds", "0"]
         argv += ["--out", str(tmp_path / out), "--records", str(records)]
         monkeypatch.setattr("sys.argv", [*argv, "--stages", "sft-tool", "grpo-tool", "sft-dense-48"])
         ran.clear()
+        kept.clear()
         zoom.main()
         printed = capsys.readouterr().out
         return printed[printed.index("zoom task") :]
@@ -170,13 +179,16 @@ def test_a_bench_started_on_an_empty_folder_trains_only_what_has_no_record(
     written = (records / "report-seeds-0.md").read_text()
     assert "- commit: " in written and "- command: zoom.py --data" in written
     assert first.split("\nwritten: ")[0].strip() in written
-    assert bench("second") == first and ran == []
+    assert kept == ["sft-tool", "grpo-tool", "sft-dense-48"]
+    # Restored stages are not recorded again.
+    assert bench("second") == first and ran == [] and kept == []
     (records / "seed0" / "grpo-tool" / zoom_records.MANIFEST).unlink()
     assert bench("third") == first
     assert ran == [
         *("sft-tool", "sft-tool-val", "sft-tool-test", "sft-tool-probe", "sft-tool-val-given-oracle"),
         *("grpo-tool", "grpo-tool-val", "grpo-tool-test", "grpo-tool-probe"),
     ]
+    assert kept == ["sft-tool", "grpo-tool"]
 
 
 @pytest.mark.parametrize("folders", [["../../elsewhere"], [".."], ["sft-tool/../.."], ["other"]])
