@@ -6,7 +6,8 @@ the virtual environment's set-up, ruff, then pytest), timed, the load sampled ev
 per-test durations (``--junitxml``) and CPU seconds (``tests/helpers/cpu_seconds.py``); then
 waits 20 s and lists every process whose command line still names the clone. Writes to
 ``--out``: ``ci.json`` (command, commit, machine, date, conditions, passed, skipped, failed,
-pytest's and the whole script's seconds, what was left behind, the suite's CPU seconds),
+pytest's and the whole script's seconds, what was left behind, the suite's CPU seconds per
+test and the whole script's, every process it started included: ``bench/process_usage.py``),
 ``junit.xml``, ``cpu.jsonl`` (each test's CPU seconds) and the log.
 
 Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--commit REV]
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
@@ -33,8 +35,8 @@ from fresh_clone import (  # noqa: E402
     left_behind,
     machine,
     recorder_arguments,
-    timed,
 )
+from process_usage import run_counted  # noqa: E402
 
 PYTEST_SUMMARY = re.compile(
     r"^=* ?((?:\d+ \w+(?:, )?)+) in ([0-9.]+)s(?: \([0-9:]+\))?(?: =+)?\s*$", re.MULTILINE
@@ -94,10 +96,14 @@ def main() -> None:
     if args.workers is not None:
         extra["TEST_WORKERS"] = str(args.workers)
     print(f"suite_run: {commit} in {clone}", flush=True)
-    with LoadSampler() as load:
-        status, seconds = timed(
-            [".ci/run"], clone, args.out / "ci.log", clean_environment(**extra), check=False
+    with LoadSampler() as load, (args.out / "ci.log").open("w") as ci_log:
+        # Counted whole: the per-test count misses every process that outlives the command that
+        # started it (an lvrl run's fork server and its dataloader workers); as a subreaper this
+        # process adopts those and waits for them.
+        usage = run_counted(
+            [".ci/run"], cwd=clone, env=clean_environment(**extra), stdout=ci_log, stderr=subprocess.STDOUT
         )
+    status, seconds = usage.exit_status, round(usage.wall_seconds)
     after = left_behind(clone)
     log = (args.out / "ci.log").read_text()
     summaries = PYTEST_SUMMARY.findall(log)
@@ -121,6 +127,7 @@ def main() -> None:
         "worker_seconds": round(sum(float(case.get("time", 0)) for case in tests)),
         "workers": workers,
         "cpu_seconds": cpu_seconds(cpu_log),
+        "ci_run_cpu_seconds": round(usage.cpu_seconds) if usage.orphans_left == 0 else None,
         "left_behind": after,
     }
     (args.out / "ci.json").write_text(json.dumps(record, indent=1) + "\n")

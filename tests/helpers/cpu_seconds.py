@@ -4,8 +4,10 @@ Wall durations (``--durations``, ``--junitxml``) of a suite run on two busy core
 about the other worker as about the test. CPU seconds do not: a test's CPU time is the work the
 machine must do for it, whatever ran beside it. Each test's line holds the CPU time of the pytest
 worker over the test (setup, call, teardown) and of the processes it waited for (``os.times()``'s
-children fields: a command and, through it, the processes that command waited for; a process
-orphaned by a kill is not counted, so kill tests read a little low).
+children fields: a command and, through it, the processes that command waited for). A process
+that outlives the command that started it is not counted: each ``lvrl`` subprocess's fork server
+with its dataloader workers (it exits just after the trainer), and what a kill orphans. So tests
+that run ``lvrl`` as a subprocess read low; ``bench/suite_run.py`` also counts the whole suite.
 
 Enabled by ``-p helpers.cpu_seconds`` with ``LVRL_TEST_CPU_LOG`` naming a file: one JSON line per
 test is appended to it (``bench/suite_run.py`` does both and totals the lines).
