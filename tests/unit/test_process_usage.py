@@ -49,6 +49,43 @@ def test_an_orphans_cpu_time_is_counted_and_waited_for() -> None:
     assert usage.wall_seconds >= ORPHAN_SECONDS  # the count waited for the orphan to end
 
 
+# The command's child starts a grandchild and exits, so the grandchild is adopted by the counting
+# process; the grandchild exits at once, and the command, still running, watches its pid: it must
+# vanish (be waited for) while the command runs, not stay a zombie until the command ends.
+REAPED_WHILE_IT_RUNS = """
+import os, time
+read, write = os.pipe()
+if os.fork() == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        os._exit(0)
+    os.write(write, str(grandchild).encode())
+    os._exit(0)
+os.waitpid(-1, 0)
+grandchild = int(os.read(read, 32))
+deadline = time.monotonic() + 30
+while os.path.exists(f"/proc/{grandchild}") and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(not os.path.exists(f"/proc/{grandchild}"), flush=True)
+"""
+
+REAP_IT = f"""
+import sys
+from bench.process_usage import run_counted
+run_counted([sys.executable, "-c", {REAPED_WHILE_IT_RUNS!r}], stdout=sys.stdout)
+"""
+
+
+def test_an_adopted_orphan_is_waited_for_while_the_command_runs() -> None:
+    """A zombie passes ``kill(pid, 0)`` as a live process, so an orphan left unwaited until the
+    command's end would fail the suite's checks that processes end, under ``bench/suite_run.py``.
+    The command gives it 30 s (the counting process looks every 0.5 s)."""
+    counted = subprocess.run(
+        [sys.executable, "-c", REAP_IT], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
+    )
+    assert counted.stdout.split() == ["True"], counted.stderr[-2000:]
+
+
 def test_every_attempt_is_recorded_with_its_cost_and_a_stopped_one_ends_the_bench(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
