@@ -216,15 +216,16 @@ def suite_block(root: Path) -> str:
     whole = ""
     if run.get("ci_run_cpu_seconds"):
         whole = (
-            f", {run['ci_run_cpu_seconds']:,} CPU-seconds counted whole (the set-up, and the processes that "
-            "outlive the command that started them, which the per-test count misses: each `lvrl` run's "
-            "fork server and its dataloader workers)"
+            f" The whole `.ci/run` used {run['ci_run_cpu_seconds']:,} CPU-seconds: besides the tests' count, "
+            "the set-up, pytest's collection, and the processes that outlive the command that started "
+            "them, which the per-test count misses (each `lvrl` run's fork server and its dataloader "
+            "workers)."
         )
     return (
         f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s{workers}, "
-        f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included{whole}) on a fresh clone "
-        f"of {run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, "
-        f"{run['conditions']})."
+        f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
+        f"{run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, {run['conditions']})."
+        f"{whole}"
     )
 
 
