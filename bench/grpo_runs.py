@@ -71,7 +71,10 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
 
     A failed or stopped command ends the bench with a short message (the command, its exit status, the
     log's last line and where the log is) rather than a traceback of this process: a stage
-    stopped with SIGTERM is the normal way to pause a bench, and the next start continues it."""
+    stopped with SIGTERM is the normal way to pause a bench, and the next start continues it.
+    The bench waits for the command to stop (:func:`bench.process_usage.stops_wait_for`), so a
+    SIGTERM to its whole process group records the stopped attempt too; one to the bench alone
+    lets the command finish and ends the bench after it."""
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / log_name
@@ -93,6 +96,11 @@ def run_lvrl(run_dir: Path, arguments: list[str], log_name: str = "run.log", app
             f"{lines[-1] if lines else '(no output)'}\n"
             f"its output: {log_path}. If it was stopped, the same command continues (finished stages are "
             "skipped, a stopped training stage resumes from its last checkpoint)"
+        )
+    if usage.stop_requests:  # a signal to the bench alone: the command ran to its end
+        sys.exit(
+            f"stopped ({', '.join(usage.stop_requests)}) after the command under way finished: "
+            f"{' '.join(arguments[:2])}; the same bench command continues"
         )
     return usage
 

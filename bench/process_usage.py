@@ -19,11 +19,14 @@ import contextlib
 import ctypes
 import os
 import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -38,13 +41,15 @@ alive after it is reported, not waited for (its time is then missing, and said t
 @dataclass(frozen=True)
 class Usage:
     """What one command cost: its exit status, CPU seconds (user + system, the command and every
-    descendant that exited), wall seconds, and how many adopted descendants were still alive
-    when counting stopped (0 when the CPU figure is whole)."""
+    descendant that exited), wall seconds, how many adopted descendants were still alive when
+    counting stopped (0 when the CPU figure is whole), and the stop signals this process received
+    while the command ran (the caller should stop after it)."""
 
     exit_status: int
     cpu_seconds: float
     wall_seconds: float
     orphans_left: int = 0
+    stop_requests: list[str] = field(default_factory=list)
 
 
 def children_cpu_seconds() -> float:
@@ -109,16 +114,52 @@ def reap_adopted(besides: int) -> None:
                 os.waitpid(pid, os.WNOHANG)
 
 
+@contextlib.contextmanager
+def stops_wait_for(process: subprocess.Popen) -> Iterator[list[str]]:
+    """While ``process`` runs, a stop request (SIGTERM, a first Ctrl-C) does not end this process:
+    it is noted in the yielded list and this process keeps waiting for the command's end, so a
+    stopped command is counted and recorded like a finished one. Nothing is passed on: a job-wide
+    SIGTERM (a scheduler's, or pausing a bench) and a terminal's Ctrl-C reach the command too,
+    which stops after its step and saves, and a second signal could cut that short (an ``lvrl``
+    tool stops again in its own clean-up). A signal to this process alone lets the command run
+    to its end; the caller stops after it. A second Ctrl-C interrupts the wait. Without this, a
+    job-wide SIGTERM ended this process at once and the command's attempt went unrecorded."""
+    requests: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield requests  # signal handlers belong to the main thread
+        return
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and signal.Signals.SIGINT.name in requests:
+            raise KeyboardInterrupt
+        requests.append(signal.Signals(signum).name)
+        print(
+            f"{signal.Signals(signum).name}: waiting for the command under way to stop or end, then stopping"
+            + (" (Ctrl-C again to stop waiting)" if signum == signal.SIGINT else ""),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield requests
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_counted(command: Sequence[str], **popen: Any) -> Usage:
     """Run ``command`` to its end (``subprocess.Popen`` keyword arguments in ``popen``) and count
-    what it used, its orphans included. Meant for one command at a time: this process's other
-    children would be counted too, and waited for when they exit."""
+    what it used, its orphans included; a stop request waits for the command's end and is
+    returned in ``stop_requests`` (:func:`stops_wait_for`). Meant for one command at a time: this
+    process's other children would be counted too, and waited for when they exit."""
     become_subreaper()
     cpu_before, wall_before = children_cpu_seconds(), time.perf_counter()
-    with subprocess.Popen(list(command), **popen) as process:
+    with subprocess.Popen(list(command), **popen) as process, stops_wait_for(process) as requests:
         while process.poll() is None:
             reap_adopted(besides=process.pid)
             time.sleep(REAP_EVERY_SECONDS)
     status = process.returncode
     left = wait_for_adopted(ORPHAN_WAIT_SECONDS)
-    return Usage(status, children_cpu_seconds() - cpu_before, time.perf_counter() - wall_before, left)
+    cpu = children_cpu_seconds() - cpu_before
+    return Usage(status, cpu, time.perf_counter() - wall_before, left, sorted(set(requests)))

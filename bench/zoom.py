@@ -655,17 +655,21 @@ def main() -> None:
         costs.setdefault(f"{stage.label} evaluation", []).append(evaluation_cost)
         test_dir = evaluations["test"][0]
         tool = stage.frames is None
+        splits = {split: evaluations[split][0] / "csv" for split in ("val", "test")}
         result = SeedResult(
             seed,
             {name: last(folder / "csv", "val/accuracy") for name, (folder, _) in evaluations.items()},
             answered([test_dir]),
-            last(test_dir / "csv", "val/frames_per_answer") if tool else float(stage.frames or 0),
+            {
+                split: last(csv, "val/frames_per_answer") if tool else float(stage.frames or 0)
+                for split, csv in splits.items()
+            },
             trained,
             max(last_steps(run_dir / "csv"), default=0),
         )
         if tool:
-            result.requests = last(test_dir / "csv", "val/requests_per_answer")
-            result.span_hit = last(test_dir / "csv", "val/span_hit_rate")
+            result.requests = {split: last(csv, "val/requests_per_answer") for split, csv in splits.items()}
+            result.span_hit = {split: last(csv, "val/span_hit_rate") for split, csv in splits.items()}
             result.hits = span_hits(test_dir)
         results[stage.label].append(result)
         if stage.folder == "sft-tool":

@@ -6,7 +6,7 @@ learned"). Reads :class:`SeedResult` records; runs nothing."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.commands.report import paired_comparison
 from bench.grpo_runs import markdown, mean_and_spread
@@ -109,15 +109,21 @@ class SeedResult:
     """Per evaluation (``val``, ``test``, ``probe``; the tool SFT's also :data:`GIVEN_ORACLE`)."""
     answers: dict[str, bool]
     """Test questions: right or not."""
-    frames: float
-    """Frames seen per test answer."""
+    frames: dict[str, float]
+    """Frames seen per answer, per evaluation (``val``, ``test``)."""
     trainer: Cost
     steps: int = 0
     """Training steps the stage ran (its last logged step)."""
-    requests: float = float("nan")
-    span_hit: float = float("nan")
+    requests: dict[str, float] = field(default_factory=dict)
+    """Requests per answer, per evaluation (tool settings only)."""
+    span_hit: dict[str, float] = field(default_factory=dict)
+    """Span hit rate, per evaluation (tool settings only)."""
     hits: dict[str, bool] | None = None
     """Test questions: whether the answer's requests covered half the answer's stretch."""
+
+
+NOT_TOOL = float("nan")
+"""Requests and span hit of a setting that asks for no frames (shown as nan)."""
 
 
 def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> str:
@@ -133,7 +139,7 @@ def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> s
         if not seeds:
             continue
         accuracy = [r.accuracy[split] for r in seeds]
-        frames = [r.frames for r in seeds]
+        frames = [r.frames[split] for r in seeds]
         row = [
             label,
             mean_and_spread(accuracy),
@@ -142,8 +148,8 @@ def report(results: dict[str, list[SeedResult]], tokens: float, split: str) -> s
             mean_and_spread([f * tokens for f in frames], 0),
             mean_and_spread([float(r.steps) for r in seeds], 0),
             cost_cell([r.trainer for r in seeds]),
-            mean_and_spread([r.requests for r in seeds], 2),
-            mean_and_spread([r.span_hit for r in seeds]),
+            mean_and_spread([r.requests.get(split, NOT_TOOL) for r in seeds], 2),
+            mean_and_spread([r.span_hit.get(split, NOT_TOOL) for r in seeds]),
         ]
         if split == "test":
             row.append(mean_and_spread([r.accuracy["probe"] for r in seeds]))
@@ -191,7 +197,7 @@ def comparisons(results: dict[str, list[SeedResult]]) -> list[str]:
             )
         )
         if len(seeds) > 1:
-            over = paired_seeds([r.span_hit for r in sft], [r.span_hit for r in grpo])
+            over = paired_seeds([r.span_hit["test"] for r in sft], [r.span_hit["test"] for r in grpo])
             lines.append(f"  over seeds: {over.line()}")
     return lines
 
@@ -282,7 +288,7 @@ def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
         lines.append(f"{within}: no verdict, no dense baseline was run")
     grpo_runs, sft_runs = results.get("tool GRPO", []), results.get("tool SFT", [])
     if len(grpo_runs) > 1 and [r.seed for r in grpo_runs] == [r.seed for r in sft_runs]:
-        over = paired_seeds([r.span_hit for r in sft_runs], [r.span_hit for r in grpo_runs])
+        over = paired_seeds([r.span_hit["test"] for r in sft_runs], [r.span_hit["test"] for r in grpo_runs])
         higher = over.mean > 0 and over.p_value < 0.05
         lines.append(
             "- target: span hit rate above the SFT start across seeds: "

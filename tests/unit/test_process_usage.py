@@ -3,7 +3,10 @@ and the record bench/grpo_runs.run_lvrl keeps of each attempt."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +89,64 @@ def test_an_adopted_orphan_is_waited_for_while_the_command_runs() -> None:
     assert counted.stdout.split() == ["True"], counted.stderr[-2000:]
 
 
+# A command that stops on SIGTERM as lvrl does: it finishes what it is doing (half a second), then
+# exits with 143. Otherwise it ends with status 0 once the file named by its argument exists.
+STOPS_ON_SIGTERM = """
+import os, signal, sys, time
+stopped = []
+signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+print("ready", flush=True)
+deadline = time.monotonic() + 60
+while not stopped and not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)
+sys.exit(143 if stopped else 0 if os.path.exists(sys.argv[1]) else 1)
+"""
+
+COUNT_A_STOPPED_ONE = f"""
+import json, sys
+from bench.process_usage import run_counted
+usage = run_counted([sys.executable, "-c", {STOPS_ON_SIGTERM!r}, sys.argv[1]])
+print(json.dumps(usage.__dict__), flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "to_the_group", [True, False], ids=["SIGTERM to the group", "SIGTERM to the counter"]
+)
+def test_a_stop_request_waits_for_the_command_and_is_returned(to_the_group: bool, tmp_path: Path) -> None:
+    """A job-wide SIGTERM must not end the counting process before its command: the command stops
+    in its own time (status 143) and the count is still returned, with the request, for a bench
+    to record the attempt and stop. A SIGTERM to the counting process alone is not passed on: the
+    command runs to its end (status 0), and the request is returned all the same."""
+    finish = tmp_path / "finish"
+    counter = subprocess.Popen(
+        [sys.executable, "-c", COUNT_A_STOPPED_ONE, str(finish)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert counter.stdout is not None and counter.stderr is not None
+        assert counter.stdout.readline().strip() == "ready"
+        if to_the_group:
+            os.killpg(counter.pid, signal.SIGTERM)
+        else:
+            counter.send_signal(signal.SIGTERM)
+            assert counter.stderr.readline().startswith("SIGTERM: waiting for the command")
+            finish.touch()
+        out, err = counter.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(counter.pid, signal.SIGKILL)  # whatever is left of it, on failure
+    assert counter.returncode == 0, err[-2000:]
+    usage = Usage(**json.loads(out))
+    assert usage.exit_status == (143 if to_the_group else 0)
+    assert usage.stop_requests == ["SIGTERM"]
+
+
 def test_every_attempt_is_recorded_with_its_cost_and_a_stopped_one_ends_the_bench(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,3 +166,17 @@ def test_every_attempt_is_recorded_with_its_cost_and_a_stopped_one_ends_the_benc
     ]
     assert records[1]["lvrl"][-2:] == ["--ckpt_path", "last"]
     assert {"command", "commit", "machine", "date"} <= set(records[0])
+
+
+def test_a_stop_request_to_the_bench_alone_ends_it_after_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command finished (status 0) while a SIGTERM to the bench was waiting: its attempt is
+    recorded, with the request, and the bench stops instead of starting the next stage."""
+    monkeypatch.setattr(grpo_runs, "run_counted", lambda command, **popen: Usage(0, 5.0, 6.0, 0, ["SIGTERM"]))
+    with pytest.raises(
+        SystemExit, match=r"stopped \(SIGTERM\) after the command under way finished: validate"
+    ):
+        grpo_runs.run_lvrl(tmp_path, ["validate", "--config", "c.yaml"])
+    [record] = grpo_runs.attempts(tmp_path)
+    assert (record["exit_status"], record["stop_requests"]) == (0, ["SIGTERM"])
