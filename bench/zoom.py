@@ -255,9 +255,10 @@ def run_once(out: Path, work: Callable[[], None]) -> None:
 def stage_cost(run_dir: Path) -> Cost:
     """What the attempts recorded in ``run_dir`` cost (:func:`bench.grpo_runs.attempts`).
 
-    A record whose ``cpu_seconds`` is null stands for attempts run before the bench counted CPU
-    time (written by hand, with their commit and wall time, and ``csv_versions``: how many of the
-    run's first CSV version folders they logged). Those training steps are charged at the rate of
+    A record whose ``cpu_seconds`` is null stands for attempts whose CPU time was not counted (run
+    before the bench counted it, or ended with the bench before it waited for a stopped command),
+    written by hand, with their commit and ``csv_versions``: how many of the run's first CSV
+    version folders they logged. Those training steps are charged at the rate of
     the measured attempts of the same run, per step."""
     records = attempts(run_dir)
     measured = sum(r["cpu_seconds"] for r in records if r["cpu_seconds"] is not None)
@@ -701,7 +702,7 @@ def main() -> None:
     lines += ["", "the target stated before the runs:", *verdict(results)]
     lines.append("\nCPU seconds per seed: " + ", ".join(f"{k} {cost_cell(v)}" for k, v in costs.items()))
     lines.append(
-        "(~: part charged per training step at the measured rate, for attempts run before CPU was counted)"
+        "(~: part charged per training step at the measured rate, for attempts whose CPU was not counted)"
     )
     text = "\n".join(lines)
     print("\n" + text)
