@@ -115,8 +115,8 @@ def reap_adopted(besides: int) -> None:
 
 
 @contextlib.contextmanager
-def stops_wait_for(process: subprocess.Popen) -> Iterator[list[str]]:
-    """While ``process`` runs, a stop request (SIGTERM, a first Ctrl-C) does not end this process:
+def stops_wait_for() -> Iterator[list[str]]:
+    """While a command runs, a stop request (SIGTERM, a first Ctrl-C) does not end this process:
     it is noted in the yielded list and this process keeps waiting for the command's end, so a
     stopped command is counted and recorded like a finished one. Nothing is passed on: a job-wide
     SIGTERM (a scheduler's, or pausing a bench) and a terminal's Ctrl-C reach the command too,
@@ -155,7 +155,7 @@ def run_counted(command: Sequence[str], **popen: Any) -> Usage:
     process's other children would be counted too, and waited for when they exit."""
     become_subreaper()
     cpu_before, wall_before = children_cpu_seconds(), time.perf_counter()
-    with subprocess.Popen(list(command), **popen) as process, stops_wait_for(process) as requests:
+    with subprocess.Popen(list(command), **popen) as process, stops_wait_for() as requests:
         while process.poll() is None:
             reap_adopted(besides=process.pid)
             time.sleep(REAP_EVERY_SECONDS)
