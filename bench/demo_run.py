@@ -46,9 +46,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     env = clean_environment(**({"FAMILY": args.family} if args.family else {}))
     print(f"demo_run: {commit} in {clone}", flush=True)
-    _, setup = timed(["make", "setup"], clone, args.out / "setup.log", env)
+    setup = timed(["make", "setup"], clone, args.out / "setup.log", env)
     with LoadSampler() as load:
-        _, demo = timed(["make", "demo"], clone, args.out / "demo.log", env)
+        demo = timed(["make", "demo"], clone, args.out / "demo.log", env)
     after = left_behind(clone)
     output = (args.out / "demo.log").read_text()
     finished = FINISHED.search(output)

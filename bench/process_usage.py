@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -49,7 +49,11 @@ class Usage:
     cpu_seconds: float
     wall_seconds: float
     orphans_left: int = 0
-    stop_requests: list[str] = field(default_factory=list)
+    stop_requests: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A record read back from JSON gives a list; the value stays immutable, as the rest is.
+        object.__setattr__(self, "stop_requests", tuple(self.stop_requests))
 
 
 def children_cpu_seconds() -> float:
@@ -162,4 +166,4 @@ def run_counted(command: Sequence[str], **popen: Any) -> Usage:
     status = process.returncode
     left = wait_for_adopted(ORPHAN_WAIT_SECONDS)
     cpu = children_cpu_seconds() - cpu_before
-    return Usage(status, cpu, time.perf_counter() - wall_before, left, sorted(set(requests)))
+    return Usage(status, cpu, time.perf_counter() - wall_before, left, tuple(sorted(set(requests))))

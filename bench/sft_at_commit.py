@@ -84,7 +84,7 @@ def main() -> None:
     seconds = {}
     with LoadSampler() as load:
         for name, command in commands.items():
-            _, seconds[name] = timed(command, clone, args.out / f"{commit}-{name}.log", env)
+            seconds[name] = timed(command, clone, args.out / f"{commit}-{name}.log", env)
     accuracy = accuracy_rows((args.out / f"{commit}-evaluation.log").read_text())
     if "overall" not in accuracy:
         raise SystemExit(

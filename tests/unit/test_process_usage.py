@@ -144,7 +144,7 @@ def test_a_stop_request_waits_for_the_command_and_is_returned(to_the_group: bool
     assert counter.returncode == 0, err[-2000:]
     usage = Usage(**json.loads(out))
     assert usage.exit_status == (143 if to_the_group else 0)
-    assert usage.stop_requests == ["SIGTERM"]
+    assert usage.stop_requests == ("SIGTERM",)
 
 
 def test_every_attempt_is_recorded_with_its_cost_and_a_stopped_one_ends_the_bench(
@@ -173,7 +173,9 @@ def test_a_stop_request_to_the_bench_alone_ends_it_after_the_command(
 ) -> None:
     """The command finished (status 0) while a SIGTERM to the bench was waiting: its attempt is
     recorded, with the request, and the bench stops instead of starting the next stage."""
-    monkeypatch.setattr(grpo_runs, "run_counted", lambda command, **popen: Usage(0, 5.0, 6.0, 0, ["SIGTERM"]))
+    monkeypatch.setattr(
+        grpo_runs, "run_counted", lambda command, **popen: Usage(0, 5.0, 6.0, 0, ("SIGTERM",))
+    )
     with pytest.raises(
         SystemExit, match=r"stopped \(SIGTERM\) after the command under way finished: validate"
     ):
