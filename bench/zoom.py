@@ -465,12 +465,16 @@ def tokens_per_frame(model: Path, frame_side: int, max_pixels: int) -> float:
 
 def running_order(stages: list[Stage], seeds: list[int]) -> list[tuple[int, Stage]]:
     """The (seed, stage) pairs in the order they run: the tool path (tool SFT, then GRPO) of every
-    seed first, then the baselines of every seed. GRPO against its SFT start over the seeds is
-    then known before the baselines, the longest stages, have run; and a seed's tool SFT export
-    is needed by its GRPO right after, not a day later (a lost working folder loses it)."""
+    seed first, then each baseline over every seed, the cheapest first. GRPO against its SFT start
+    over the seeds is then known before the baselines, the longest stages, have run; a seed's tool
+    SFT export is needed by its GRPO right after, not a day later (a lost working folder loses
+    it); and each baseline's comparison over the seeds (dense 48 first: the target's first clause)
+    can be reported (``--stages``) while the dearer ones still run."""
     tool_path = [stage for stage in stages if stage.budget or stage.after]
     baselines = [stage for stage in stages if stage not in tool_path]
-    return [(seed, stage) for group in (tool_path, baselines) for seed in seeds for stage in group]
+    return [(seed, stage) for seed in seeds for stage in tool_path] + [
+        (seed, stage) for stage in baselines for seed in seeds
+    ]
 
 
 def stage_state(run_dir: Path, steps: int, evaluations: list[str], recorded: bool) -> str:

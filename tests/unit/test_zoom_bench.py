@@ -487,7 +487,7 @@ def test_the_status_line_says_where_a_stage_stands(tmp_path: Path) -> None:
     )
 
 
-def test_the_tool_path_of_every_seed_runs_before_the_baselines() -> None:
+def test_the_tool_path_of_every_seed_runs_first_then_each_baseline_over_the_seeds() -> None:
     order = [(seed, stage.folder) for seed, stage in zoom.running_order(list(zoom.STAGES), [2, 0])]
     baselines = ["sft-dense-48", "sft-oracle", "sft-dense-128", "sft-dense-256"]
     assert order == [
@@ -495,8 +495,7 @@ def test_the_tool_path_of_every_seed_runs_before_the_baselines() -> None:
         (2, "grpo-tool"),
         (0, "sft-tool"),
         (0, "grpo-tool"),
-        *((2, stage) for stage in baselines),
-        *((0, stage) for stage in baselines),
+        *((seed, stage) for stage in baselines for seed in (2, 0)),
     ]
 
 
