@@ -287,11 +287,14 @@ def verdict(results: dict[str, list[SeedResult]]) -> list[str]:
     else:
         lines.append(f"{within}: no verdict, no dense baseline was run")
     grpo_runs, sft_runs = results.get("tool GRPO", []), results.get("tool SFT", [])
-    if len(grpo_runs) > 1 and [r.seed for r in grpo_runs] == [r.seed for r in sft_runs]:
+    span = "- target: span hit rate above the SFT start across seeds: "
+    if [r.seed for r in grpo_runs] != [r.seed for r in sft_runs]:
+        lines.append(span + "no verdict, tool SFT and tool GRPO were not run on the same seeds")
+    elif len(grpo_runs) < 2:
+        # A paired test over seeds needs two of them; one seed's McNemar test is printed above.
+        lines.append(span + f"no verdict, a test across seeds needs two or more ({len(grpo_runs)} run)")
+    else:
         over = paired_seeds([r.span_hit["test"] for r in sft_runs], [r.span_hit["test"] for r in grpo_runs])
         higher = over.mean > 0 and over.p_value < 0.05
-        lines.append(
-            "- target: span hit rate above the SFT start across seeds: "
-            f"{'met' if higher else 'NOT met'} ({over.line()})"
-        )
+        lines.append(span + f"{'met' if higher else 'NOT met'} ({over.line()})")
     return lines

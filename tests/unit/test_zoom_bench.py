@@ -522,6 +522,12 @@ def test_a_target_whose_baselines_were_not_run_gets_no_verdict() -> None:
     assert lines[1].endswith("best dense baseline that reads: no verdict, no dense baseline was run")
     assert lines[2].startswith("- target: span hit rate above the SFT start across seeds: met")
     assert verdict({"tool SFT": results["tool SFT"]}) == ["- no verdict: tool GRPO was not run"]
+    # One seed: the clause across seeds is neither met nor missed, and says so.
+    one_seed = verdict({label: seeds[:1] for label, seeds in results.items()})
+    assert one_seed[2] == (
+        "- target: span hit rate above the SFT start across seeds: "
+        "no verdict, a test across seeds needs two or more (1 run)"
+    )
     # With dense 48 run and not reading (the probe costs it nothing), the first two are judged.
     results["dense 48"] = [
         SeedResult(s, {"test": 0.3, "probe": 0.3}, {}, {"test": 48.0}, Cost(1.0)) for s in (0, 1, 2)
