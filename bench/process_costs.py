@@ -101,6 +101,26 @@ def fit_command(run_dir: Path, synth: Path, model: Path, workers: int) -> list[s
     ]  # fmt: skip
 
 
+def trainer_imports_pace(repeats: int = 3) -> dict[str, float]:
+    """The machine's pace now, as the suite feels it: the CPU seconds of ``trainer imports`` (what
+    every ``lvrl`` process of the suite pays first), run ``repeats`` times from this checkout's
+    interpreter. The suite's process-heavy files slow down with it at the machine's slower hours
+    (docs/testing.md), so a suite record carries it, taken before and after the run."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    seconds = []
+    for _ in range(repeats):
+        usage = run_counted(
+            [sys.executable, "-c", TRAINER_IMPORTS],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        assert usage.exit_status == 0, usage
+        seconds.append(usage.cpu_seconds)
+    return {key: round(value, 2) for key, value in summary(seconds).items()}
+
+
 def measure(root: Path, repeats: int) -> dict[str, dict[str, float]]:
     synth, tiny, real = build_inputs(root)
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}

@@ -7,8 +7,10 @@ per-test durations (``--junitxml``) and CPU seconds (``tests/helpers/cpu_seconds
 waits 20 s and lists every process whose command line still names the clone. Writes to
 ``--out``: ``ci.json`` (command, commit, machine, date, conditions, passed, skipped, failed,
 pytest's and the whole script's seconds, what was left behind, the suite's CPU seconds per
-test and the whole script's, every process it started included: ``bench/process_usage.py``),
-``junit.xml``, ``cpu.jsonl`` (each test's CPU seconds) and the log.
+test and the whole script's, every process it started included: ``bench/process_usage.py``; and
+the machine's pace before and after, the CPU seconds of what every ``lvrl`` process imports first:
+``bench/process_costs.trainer_imports_pace``), ``junit.xml``, ``cpu.jsonl`` (each test's CPU
+seconds) and the log.
 
 Usage: python bench/suite_run.py --work /tmp/ci --out bench/results/suite [--commit REV]
        [--threads 1] [--workers 3] [--beside-other-work]
@@ -36,7 +38,9 @@ from fresh_clone import (  # noqa: E402
     machine,
     recorder_arguments,
 )
-from process_usage import run_counted  # noqa: E402
+
+from bench.process_costs import trainer_imports_pace  # noqa: E402
+from bench.process_usage import run_counted  # noqa: E402
 
 PYTEST_SUMMARY = re.compile(
     r"^=* ?((?:\d+ \w+(?:, )?)+) in ([0-9.]+)s(?: \([0-9:]+\))?(?: =+)?\s*$", re.MULTILINE
@@ -96,6 +100,7 @@ def main() -> None:
     if args.workers is not None:
         extra["TEST_WORKERS"] = str(args.workers)
     print(f"suite_run: {commit} in {clone}", flush=True)
+    pace_before = trainer_imports_pace()
     with LoadSampler() as load, (args.out / "ci.log").open("w") as ci_log:
         # Counted whole: the per-test count misses every process that outlives the command that
         # started it (an lvrl run's fork server and its dataloader workers); as a subreaper this
@@ -105,6 +110,7 @@ def main() -> None:
         )
     status, seconds = usage.exit_status, round(usage.wall_seconds)
     after = left_behind(clone)
+    pace_after = trainer_imports_pace()
     log = (args.out / "ci.log").read_text()
     summaries = PYTEST_SUMMARY.findall(log)
     if not summaries:
@@ -129,6 +135,7 @@ def main() -> None:
         "cpu_seconds": cpu_seconds(cpu_log),
         "ci_run_cpu_seconds": round(usage.cpu_seconds) if usage.orphans_left == 0 else None,
         "left_behind": after,
+        "pace": {"trainer_imports_cpu_seconds": {"before": pace_before, "after": pace_after}},
     }
     (args.out / "ci.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1), flush=True)

@@ -225,7 +225,24 @@ def suite_block(root: Path) -> str:
         f"{run['passed']:,} passed, {run['skipped']} skipped; pytest {run['pytest_seconds']:,} s{workers}, "
         f"`.ci/run` {run['total_seconds']:,} s in all (the `.venv` set-up included) on a fresh clone of "
         f"{run['commit']} ({run['date']}, {machine['cpu']}, {machine['cores']} cores, {run['conditions']})."
-        f"{whole}"
+        f"{whole}{pace_sentence(root, run)}"
+    )
+
+
+def pace_sentence(root: Path, run: dict[str, Any]) -> str:
+    """The machine's pace around a suite record (``bench/suite_run.py`` takes it before and after:
+    the CPU seconds of what every ``lvrl`` process imports first), beside the same measure in
+    ``bench/results/process_costs`` (a record's pace is missing before the recorder took it)."""
+    if "pace" not in run:
+        return ""
+    pace = run["pace"]["trainer_imports_cpu_seconds"]
+    costs = json.loads((root / "bench" / "results" / "process_costs" / "process_costs.json").read_text())
+    reference = costs["cpu_seconds"]["trainer imports"]["median"]
+    return (
+        f" The machine's pace: the imports every `lvrl` process starts with took "
+        f"{pace['before']['median']:.1f} CPU-seconds before the run and {pace['after']['median']:.1f} "
+        f"after (medians of {pace['before']['runs']}), against {reference:.1f} in "
+        f"`bench/results/process_costs/` ({costs['date']})."
     )
 
 

@@ -171,3 +171,14 @@ def test_every_dated_results_page_says_what_it_is_and_every_results_path_exists(
             if not any(REPO.glob(path)):
                 missing.append(f"{page.relative_to(REPO)}: {path}")
     assert not missing, "\n".join(missing)
+
+
+def test_a_suite_record_s_pace_is_rendered_beside_the_process_costs_record() -> None:
+    """The suite block says how fast the machine was around the run, when the record has it."""
+    render = renderer()
+    assert render.pace_sentence(REPO, {"commit": "abc"}) == ""  # records before the probe
+    summary = {"median": 7.61, "min": 7.2, "max": 7.64, "runs": 3}
+    pace = {"trainer_imports_cpu_seconds": {"before": summary, "after": {**summary, "median": 6.04}}}
+    sentence = render.pace_sentence(REPO, {"pace": pace})
+    assert "took 7.6 CPU-seconds before the run and 6.0 after (medians of 3)" in sentence
+    assert "`bench/results/process_costs/`" in sentence

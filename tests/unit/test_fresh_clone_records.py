@@ -71,3 +71,16 @@ def test_each_test_s_cpu_seconds_are_recorded_and_totalled(pytester, monkeypatch
     totals = suite_run.cpu_seconds(log)
     assert totals is not None and totals["total"] == totals["tests"] + totals["their_commands"]
     assert suite_run.cpu_seconds(pytester.path / "absent.jsonl") is None
+
+
+def test_the_pace_probe_counts_its_command_s_cpu_seconds_each_time(monkeypatch) -> None:
+    """The suite record's pace (bench/process_costs.trainer_imports_pace): the CPU seconds of one
+    command, run several times, summarised; here a command that computes 0.2 s instead of the
+    trainer's imports (seconds), so the count is checked against a known amount."""
+    from bench import process_costs
+
+    busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
+    monkeypatch.setattr(process_costs, "TRAINER_IMPORTS", busy)
+    pace = process_costs.trainer_imports_pace(repeats=2)
+    assert pace["runs"] == 2
+    assert 0.2 <= pace["min"] <= pace["median"] <= pace["max"] < 5.0  # an interpreter's start and 0.2 s
