@@ -4,6 +4,9 @@ from what the commands printed: pytest's summary line and the demo's closing lin
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from bench import demo_run, fresh_clone, suite_run
@@ -81,6 +84,16 @@ def test_the_pace_probe_counts_its_command_s_cpu_seconds_each_time(monkeypatch) 
 
     busy = "import time\nend = time.process_time() + 0.2\nwhile time.process_time() < end: pass"
     monkeypatch.setattr(process_costs, "TRAINER_IMPORTS", busy)
-    pace = process_costs.trainer_imports_pace(repeats=2)
+    # Another child of the caller, alive throughout (a pytest worker has its fork server): the
+    # probe waits for its own command only, where a counting subreaper waits a minute for it.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        started = time.monotonic()
+        pace = process_costs.trainer_imports_pace(repeats=2)
+        waited = time.monotonic() - started
+    finally:
+        other.kill()
+        other.wait()
     assert pace["runs"] == 2
     assert 0.2 <= pace["min"] <= pace["median"] <= pace["max"] < 5.0  # an interpreter's start and 0.2 s
+    assert waited < 30, f"the probe waited {waited:.0f} s: it waited for another child"
