@@ -293,7 +293,7 @@ def suite_aim_block(root: Path) -> str:
         f"{latest['passed']:,}; `bench/results/suite/{folder}/`, alone on the machine too): "
         f"{against_the_aim(earlier, SUITE_AIM)} Its tests took {earlier['cpu_seconds']['total']:,} "
         f"CPU-seconds, the latest {latest['cpu_seconds']['total']:,}: the same work took "
-        f"{pace - 1:.0%} {'more' if pace > 1 else 'less'} CPU time on the machine of the later record."
+        f"{abs(pace - 1):.0%} {'more' if pace > 1 else 'less'} CPU time on the machine of the later record."
     )
 
 

@@ -2,6 +2,7 @@
 what its results files give (tools/render_results.py)."""
 
 import importlib.util
+import json
 import re
 import shutil
 from pathlib import Path
@@ -182,3 +183,20 @@ def test_a_suite_record_s_pace_is_rendered_beside_the_process_costs_record() -> 
     sentence = render.pace_sentence(REPO, {"pace": pace})
     assert "took 7.6 CPU-seconds before the run and 6.0 after (medians of 3)" in sentence
     assert "`bench/results/process_costs/`" in sentence
+
+
+def test_a_later_record_on_a_faster_machine_says_how_much_less_cpu(tmp_path: Path) -> None:
+    """The aim's block compares the latest suite record's CPU seconds with the earlier one's: a
+    smaller figure reads "N% less", never a negative "more" or "-N% less"."""
+    suite = tmp_path / "bench" / "results" / "suite"
+    (suite / "before").mkdir(parents=True)
+
+    def record(commit: str, cpu: int) -> str:
+        run = {"commit": commit, "date": "2026-11-30", "passed": 10, "pytest_seconds": 400}
+        return json.dumps({**run, "total_seconds": 450, "cpu_seconds": {"total": cpu}})
+
+    (suite / "before" / "ci.json").write_text(record("aaa", 650))
+    (suite / "ci.json").write_text(record("bbb", 598))
+    (suite / "comparison.json").write_text(json.dumps({"after": "before"}))
+    block = renderer().suite_aim_block(tmp_path)
+    assert block.endswith("the same work took 8% less CPU time on the machine of the later record.")
