@@ -22,9 +22,8 @@ from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
 
-from fresh_clone import (  # noqa: E402
+from bench.fresh_clone import (  # noqa: E402
     LoadSampler,
     clean_environment,
     fresh_clone,

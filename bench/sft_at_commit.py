@@ -27,10 +27,8 @@ from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
 
-from fresh_clone import LoadSampler, clean_environment, fresh_clone, machine, recorder_arguments, timed  # noqa: E402
-
+from bench.fresh_clone import LoadSampler, clean_environment, fresh_clone, machine, recorder_arguments, timed  # noqa: E402
 from evaluation.provenance import commit as recorder_commit  # noqa: E402
 
 ACCURACY_ROW = re.compile(r"^\s*(\S[^\n]*?)\s+(\d+)\s+([0-9.]+)%\s*$", re.MULTILINE)

@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # fresh_clone, beside this file
 
-from fresh_clone import (  # noqa: E402
+from bench.fresh_clone import (  # noqa: E402
     LoadSampler,
     clean_environment,
     fresh_clone,
@@ -38,7 +37,6 @@ from fresh_clone import (  # noqa: E402
     machine,
     recorder_arguments,
 )
-
 from bench.process_costs import trainer_imports_pace  # noqa: E402
 from bench.process_usage import run_counted  # noqa: E402
 
