@@ -34,10 +34,8 @@ import torch
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent))  # plan_check, beside this file
 
-import plan_check  # noqa: E402
-
+from bench import plan_check  # noqa: E402
 from evaluation.provenance import provenance  # noqa: E402
 from planner.memory import RunSettings, TextModel, ring_transient_bytes  # noqa: E402
 
