@@ -15,12 +15,16 @@ Per seed, from one small model built for the task (a seed sets the data order an
   on a copy of the random build with the oracle traces (``bench/zoom_oracle_data.py``: the same
   video bytes as every other setting).
 
-Every baseline SFT stage trains until its validation loss plateaus (checked every
-``PLATEAU_EVERY`` steps on ``PLATEAU_BATCHES`` validation batches, loss only; stopped after
-``PLATEAU_PATIENCE`` checks without improvement, or at ``--max-sft-steps``). The tool SFT runs a
-step budget instead (``--tool-sft-steps``, chosen on validation): its loss is mostly the random
-first request, which no training lowers, so the loss flattens while the reading, a few tokens of
-each trace, is still being learned (``TOOL_SFT_STEPS``). Each export then answers the validation split
+The tool SFT runs a step budget (``--tool-sft-steps``, chosen on validation): its loss is mostly
+the random first request, which no training lowers, so the loss flattens while the reading, a few
+tokens of each trace, is still being learned (``TOOL_SFT_STEPS``). Every baseline SFT stage trains
+at least that budget (in the tool runs the reading set in after the loss had nearly stopped
+falling, so a plateau reached sooner would say nothing of it), then until its validation loss
+plateaus (checked every ``PLATEAU_EVERY`` steps on ``PLATEAU_BATCHES`` validation batches, loss
+only; stopped after ``PLATEAU_PATIENCE`` checks without improvement, or at ``--max-sft-steps``,
+at least the budget). At the defaults both are 3,000: every SFT stage runs the same 3,000-step
+schedule, and the report says whether each baseline's validation loss had plateaued by its end.
+Each export then answers the validation split
 (what recipes are chosen on) and the test split (what is reported), greedily, tool runs with
 episodes (the rollout code); and the test questions again with every video swapped for another
 question's (a reading probe: a model that reads its frames falls to about chance there). The
@@ -79,6 +83,7 @@ from bench.grpo_runs import (
 from bench.zoom_report import (
     GIVEN_ORACLE,
     Cost,
+    Plateau,
     SeedResult,
     comparisons,
     cost_cell,
@@ -149,14 +154,16 @@ GRPO = STAGES[1]
 
 
 def stage_config(
-    stage: Stage, run_dir: Path, start: Path, data: str, seed: int, steps: int
+    stage: Stage, run_dir: Path, start: Path, data: str, seed: int, steps: int, min_steps: int = 0
 ) -> dict[str, Any]:
     """``configs/zoom/<stage.config>`` for one run: metrics as CSV in ``run_dir``, ``seed`` for the
     data order (the datamodule's shuffles: without it the SFT runs of every seed would be the same
     run) and the rollouts, the model it starts from, at most ``steps`` steps; a dense stage at its
     frames, the oracle crop with its request given; an SFT stage validates its loss alone (on the
     first validation batches) and stops when it plateaus, the tool SFT validates its loss alone
-    every ``TOOL_SFT_VAL_EVERY`` steps and runs all its steps, a GRPO stage validates nothing."""
+    every ``TOOL_SFT_VAL_EVERY`` steps and runs all its steps, a GRPO stage validates nothing. A
+    baseline trains at least ``min_steps`` (the tool SFT's budget) before its plateau can stop it
+    (:class:`callbacks.early_stopping.DeferredEarlyStopping`)."""
     config = yaml.safe_load((CONFIGS / stage.config).read_text())
     config["seed_everything"] = seed
     trainer = config["trainer"]
@@ -185,12 +192,13 @@ def stage_config(
     if stage.plateau:
         trainer["callbacks"].append(
             {
-                "class_path": "lightning.pytorch.callbacks.EarlyStopping",
+                "class_path": "callbacks.early_stopping.DeferredEarlyStopping",
                 "init_args": {
                     "monitor": "val/loss",
                     "mode": "min",
                     "patience": PLATEAU_PATIENCE,
                     "min_delta": PLATEAU_MIN_DELTA,
+                    "after_step": min(min_steps, steps),
                 },
             }
         )
@@ -522,7 +530,8 @@ def main() -> None:
         "--max-sft-steps",
         type=int,
         default=3000,
-        help="most steps of a baseline SFT stage (each stops at its plateau)",
+        help="most steps of a baseline SFT stage (each trains at least --tool-sft-steps, then stops at its "
+        "plateau or here; its learning-rate schedule's length)",
     )
     parser.add_argument(
         "--tool-sft-steps",
@@ -572,6 +581,8 @@ def main() -> None:
         n <= args.grpo_steps for n in args.longer_grpo
     ):
         parser.error("--longer-grpo: increasing step counts, each above --grpo-steps")
+    if args.max_sft_steps < args.tool_sft_steps:
+        parser.error("--max-sft-steps: a baseline trains at least the tool SFT's budget (--tool-sft-steps)")
     if "grpo-tool" in args.stages and "sft-tool" not in args.stages:
         parser.error("--stages: grpo-tool starts from sft-tool's export")
     out, data, oracle_data = Path(args.out), args.data, args.oracle_data
@@ -635,7 +646,7 @@ def main() -> None:
         start = run_dir.parent / stage.after / "hf" if stage.after else model
         steps = steps_of(stage)
         stage_data = oracle_data if stage.oracle else data
-        config = stage_config(stage, run_dir, start, stage_data, seed, steps)
+        config = stage_config(stage, run_dir, start, stage_data, seed, steps, min_steps=args.tool_sft_steps)
         if stage.after:
             config = with_settings(config, args.grpo_set)
         trained = train(run_dir, config)
@@ -672,6 +683,8 @@ def main() -> None:
             trained,
             max(last_steps(run_dir / "csv"), default=0),
         )
+        if stage.plateau:
+            result.val_loss = column(run_dir / "csv", "val/loss")
         if tool:
             result.requests = {split: last(csv, "val/requests_per_answer") for split, csv in splits.items()}
             result.span_hit = {split: last(csv, "val/span_hit_rate") for split, csv in splits.items()}
@@ -696,7 +709,8 @@ def main() -> None:
     lines += reading_lines(results)
     lines += ["", "test split (the comparison; nothing was chosen on it):", report(results, tokens, "test")]
     lines += comparisons(results)
-    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps, BUDGETED)
+    plateau_rule = Plateau(PLATEAU_PATIENCE, PLATEAU_MIN_DELTA)
+    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps, BUDGETED, plateau_rule)
     if longer and sft_answers and first_grpo:
         lines.append(
             longer_grpo_report(

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
+
 from app.commands.report import paired_comparison
 from bench.grpo_runs import markdown, mean_and_spread
 from evaluation.significance import paired_seeds
@@ -120,6 +122,36 @@ class SeedResult:
     """Span hit rate, per evaluation (tool settings only)."""
     hits: dict[str, bool] | None = None
     """Test questions: whether the answer's requests covered half the answer's stretch."""
+    val_loss: list[float] = field(default_factory=list)
+    """A baseline's validation-loss checks during training, in step order."""
+
+
+@dataclass(frozen=True)
+class Plateau:
+    """The rule that ends a baseline's training (Lightning's ``EarlyStopping`` on ``val/loss``):
+    ``patience`` checks in a row without a fall of more than ``min_delta`` below the best so far."""
+
+    patience: int
+    min_delta: float
+
+    def checks_without_gain(self, losses: list[float]) -> int:
+        """How many checks at the end of ``losses`` brought no gain, counted as the rule counts:
+        in float32, as Lightning compares the logged values (the CSV log holds them exactly), so a
+        fall of about ``min_delta`` is judged as it was during training."""
+        best, waited = torch.tensor(float("inf")), 0
+        for loss in losses:
+            current = torch.tensor(loss, dtype=torch.float32)
+            if bool(current + self.min_delta < best):
+                best, waited = current, 0
+            else:
+                waited += 1
+        return waited
+
+    def state(self, losses: list[float]) -> str:
+        """``plateaued``, ``still falling`` or ``too few checks``, for the end of a run's curve."""
+        if len(losses) <= self.patience:
+            return "too few checks"
+        return "plateaued" if self.checks_without_gain(losses) >= self.patience else "still falling"
 
 
 NOT_TOOL = float("nan")
@@ -216,12 +248,13 @@ def reading_lines(results: dict[str, list[SeedResult]]) -> list[str]:
 
 
 def training_lines(
-    results: dict[str, list[SeedResult]], cap: int, budget: int, budgeted: Iterable[str]
+    results: dict[str, list[SeedResult]], cap: int, budget: int, budgeted: Iterable[str], plateau: Plateau
 ) -> list[str]:
-    """How each SFT setting's training ended (a baseline at its plateau or at ``cap`` steps, the
-    settings in ``budgeted``, the tool SFT, at their ``budget``), and what the dense baselines
-    cost against the tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the protocol
-    trains dense 256 to its plateau or to at least 3 times the tool path's compute."""
+    """How each SFT setting's training ended (the settings in ``budgeted``, the tool SFT, at their
+    ``budget``; a baseline after at least that many steps, at its plateau or at ``cap`` steps, and
+    whether its validation loss had plateaued by then), and what the baselines cost against the
+    tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the protocol trains dense 256 to
+    its plateau or to at least 3 times the tool path's compute."""
 
     def mean_cpu(label: str) -> float:
         seeds = results.get(label, [])
@@ -239,12 +272,18 @@ def training_lines(
                 f"{len(seeds)} seeds" + (f" ({', '.join(short)})" if short else "")
             )
             continue
-        capped = [r.seed for r in seeds if r.steps >= cap]
-        plateau = len(seeds) - len(capped)
-        ended = f"stopped at its plateau in {plateau} of {len(seeds)} seeds"
-        ended += f", reached the cap of {cap} steps in seeds {capped}" if capped else ""
+        steps = ", ".join(f"seed {r.seed} {r.steps}" for r in seeds)
+        ended = f"steps {steps} (at least {budget}, at most {cap})"
+        states: dict[str, list[int]] = {}
+        for r in seeds:
+            states.setdefault(plateau.state(r.val_loss), []).append(r.seed)
+        loss = "; ".join(f"{state} in seeds {found}" for state, found in states.items())
+        rule = f"no fall of more than {plateau.min_delta:g} in its last {plateau.patience} checks"
         ratio = mean_cpu(label) / tool_path if tool_path > 0 else float("nan")
-        lines.append(f"- {label}: {ended}; {ratio:.2f} times the tool path's CPU seconds")
+        lines.append(
+            f"- {label}: {ended}; validation loss at the end ({rule}: plateaued): {loss}; "
+            f"{ratio:.2f} times the tool path's CPU seconds"
+        )
     return lines
 
 

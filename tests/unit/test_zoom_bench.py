@@ -270,6 +270,9 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     monkeypatch.setattr(zoom, "span_hits", lambda eval_dir: {"synth-test-000000": "grpo" in eval_dir.name})
     steps = {"sft-tool": [600, 650], "grpo-tool": [200], "sft-dense-48": [3000]}
     monkeypatch.setattr(zoom, "last_steps", lambda csv_dir: steps[csv_dir.parent.name])
+    # dense 48's validation-loss checks: no fall of more than 0.001 over the last three.
+    curves = {"sft-dense-48": [0.5, 0.3, 0.2995, 0.2992, 0.2991]}
+    monkeypatch.setattr(zoom, "column", lambda csv_dir, name: curves[csv_dir.parent.name])
     oracle = tmp_path / "oracle"
     argv = [
         "zoom.py",
@@ -317,8 +320,9 @@ def test_the_stages_run_in_order_and_the_report_reads_the_test_split(
     # Each stage trained 100 CPU seconds: the tool path (SFT + GRPO) 200.
     assert "- tool SFT: ran its budget of 650 steps in 1 of 1 seeds\n" in test
     assert (
-        "- dense 48: stopped at its plateau in 0 of 1 seeds, reached the cap of 3000 steps in seeds [1]; "
-        "0.50 times the tool path's CPU seconds" in test
+        "- dense 48: steps seed 1 3000 (at least 650, at most 3000); validation loss at the end (no fall "
+        "of more than 0.001 in its last 3 checks: plateaued): plateaued in seeds [1]; 0.50 times the "
+        "tool path's CPU seconds" in test
     )
     # Another video's frames cost dense 48 only 5 points: it does not read, so it is no bar.
     assert "best dense baseline that reads: no dense baseline reads" in test
@@ -338,8 +342,8 @@ def test_the_tool_sft_runs_its_budget_and_validates_its_loss_without_a_stop() ->
     assert zoom.STAGES[0].plateau is False and zoom.STAGES[2].plateau is True
 
 
-def test_an_sft_stage_stops_at_its_plateau_and_a_dense_one_trains_at_its_frames() -> None:
-    dense = zoom.stage_config(zoom.STAGES[2], Path("r"), Path("m"), "d", 0, 3000)
+def test_a_baseline_trains_the_tool_sfts_budget_then_to_its_plateau_and_at_its_frames() -> None:
+    dense = zoom.stage_config(zoom.STAGES[2], Path("r"), Path("m"), "d", 0, 3000, min_steps=2500)
     assert (
         dense["data"]["init_args"]["num_frames"] == 48
         and dense["data"]["init_args"]["val_num_frames"] is None
@@ -350,6 +354,12 @@ def test_an_sft_stage_stops_at_its_plateau_and_a_dense_one_trains_at_its_frames(
     assert (
         stop["init_args"]["monitor"] == "val/loss" and stop["init_args"]["patience"] == zoom.PLATEAU_PATIENCE
     )
+    # A plateau before the floor does not count (Lightning's min_steps would stop there at the floor).
+    assert stop["class_path"] == "callbacks.early_stopping.DeferredEarlyStopping"
+    assert stop["init_args"]["after_step"] == 2500 and "min_steps" not in dense["trainer"]
+    capped = zoom.stage_config(zoom.STAGES[5], Path("r"), Path("m"), "d", 0, 2000, min_steps=2500)
+    (stop,) = [c for c in capped["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
+    assert stop["init_args"]["after_step"] == 2000 == capped["trainer"]["max_steps"]
     grpo = zoom.stage_config(zoom.GRPO, Path("r"), Path("m"), "d", 0, 200)
     assert grpo["trainer"]["limit_val_batches"] == 0
     assert not any(c["class_path"].endswith("EarlyStopping") for c in grpo["trainer"]["callbacks"])
@@ -535,3 +545,12 @@ def test_a_target_whose_baselines_were_not_run_gets_no_verdict() -> None:
     judged = verdict(results)
     assert judged[0] == "- target: tool GRPO 0.610 vs dense 48 0.300: met (at least +0.10)"
     assert judged[1].endswith("best dense baseline that reads: no dense baseline reads")
+
+
+def test_a_baseline_cap_below_the_tool_sfts_budget_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", ["zoom.py", "--max-sft-steps", "2000", "--tool-sft-steps", "3000"])
+    with pytest.raises(SystemExit):
+        zoom.main()
+    assert "a baseline trains at least the tool SFT's budget" in capsys.readouterr().err
