@@ -279,11 +279,12 @@ def training_lines(
             states.setdefault(plateau.state(r.val_loss), []).append(r.seed)
         loss = "; ".join(f"{state} in seeds {found}" for state, found in states.items())
         rule = f"no fall of more than {plateau.min_delta:g} in its last {plateau.patience} checks"
-        ratio = mean_cpu(label) / tool_path if tool_path > 0 else float("nan")
-        lines.append(
-            f"- {label}: {ended}; validation loss at the end ({rule}: plateaued): {loss}; "
-            f"{ratio:.2f} times the tool path's CPU seconds"
+        against = (
+            f"{mean_cpu(label) / tool_path:.2f} times the tool path's CPU seconds"
+            if tool_path > 0  # NaN (a setting not run) compares false
+            else "the tool path was not run"
         )
+        lines.append(f"- {label}: {ended}; validation loss at the end ({rule}: plateaued): {loss}; {against}")
     return lines
 
 

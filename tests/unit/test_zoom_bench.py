@@ -18,7 +18,15 @@ import yaml
 from bench import grpo_runs, zoom
 from bench.zoom import with_settings
 from bench.zoom_listings import reference_readings, tally
-from bench.zoom_report import Cost, SeedResult, longer_grpo_report, paired_line, verdict
+from bench.zoom_report import (
+    Cost,
+    Plateau,
+    SeedResult,
+    longer_grpo_report,
+    paired_line,
+    training_lines,
+    verdict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -554,3 +562,9 @@ def test_a_baseline_cap_below_the_tool_sfts_budget_is_refused(
     with pytest.raises(SystemExit):
         zoom.main()
     assert "a baseline trains at least the tool SFT's budget" in capsys.readouterr().err
+
+
+def test_a_baseline_run_without_the_tool_path_says_so_instead_of_a_ratio() -> None:
+    dense = SeedResult(1, {}, {}, {}, Cost(100.0), steps=3000, val_loss=[0.5, 0.4, 0.3, 0.2])
+    (_, line) = training_lines({"dense 48": [dense]}, 3000, 3000, {"tool SFT"}, Plateau(3, 0.001))
+    assert line.endswith("still falling in seeds [1]; the tool path was not run")
