@@ -21,7 +21,7 @@ tokens of each trace, is still being learned (``TOOL_SFT_STEPS``). Every baselin
 at least that budget (in the tool runs the reading set in after the loss had nearly stopped
 falling, so a plateau reached sooner would say nothing of it), then until its validation loss
 plateaus (checked every ``PLATEAU_EVERY`` steps on ``PLATEAU_BATCHES`` validation batches, loss
-only; stopped after ``PLATEAU_PATIENCE`` checks without improvement, or at ``--max-sft-steps``,
+only; stopped by the ``PLATEAU`` rule, or at ``--max-sft-steps``,
 at least the budget). At the defaults both are 3,000: every SFT stage runs the same 3,000-step
 schedule, and the report says whether each baseline's validation loss had plateaued by its end.
 Each export then answers the validation split
@@ -103,9 +103,9 @@ PLATEAU_EVERY = 100
 """Steps between the validation-loss checks of an SFT stage."""
 PLATEAU_BATCHES = 5
 """Validation batches each check reads (the first ones of the split: the same questions)."""
-PLATEAU_PATIENCE = 3
-"""Checks without an improvement of at least ``PLATEAU_MIN_DELTA`` that end an SFT stage."""
-PLATEAU_MIN_DELTA = 0.001
+PLATEAU = Plateau(patience=3, min_delta=0.001)
+"""The rule that ends a baseline's SFT stage (its callback's settings) and that the report applies
+to each baseline's validation-loss curve."""
 TOOL_SFT_STEPS = 3000
 """The tool SFT's budget, chosen on validation (seed 0, given-share 0.5 build): the plateau rule
 stopped it at step 1,324, when given the oracle request it answered 27.0% of the validation
@@ -196,8 +196,8 @@ def stage_config(
                 "init_args": {
                     "monitor": "val/loss",
                     "mode": "min",
-                    "patience": PLATEAU_PATIENCE,
-                    "min_delta": PLATEAU_MIN_DELTA,
+                    "patience": PLATEAU.patience,
+                    "min_delta": PLATEAU.min_delta,
                     "after_step": min(min_steps, steps),
                 },
             }
@@ -709,8 +709,7 @@ def main() -> None:
     lines += reading_lines(results)
     lines += ["", "test split (the comparison; nothing was chosen on it):", report(results, tokens, "test")]
     lines += comparisons(results)
-    plateau_rule = Plateau(PLATEAU_PATIENCE, PLATEAU_MIN_DELTA)
-    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps, BUDGETED, plateau_rule)
+    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps, BUDGETED, PLATEAU)
     if longer and sft_answers and first_grpo:
         lines.append(
             longer_grpo_report(

@@ -360,7 +360,9 @@ def test_a_baseline_trains_the_tool_sfts_budget_then_to_its_plateau_and_at_its_f
     assert dense["trainer"]["limit_val_batches"] == zoom.PLATEAU_BATCHES
     (stop,) = [c for c in dense["trainer"]["callbacks"] if c["class_path"].endswith("EarlyStopping")]
     assert (
-        stop["init_args"]["monitor"] == "val/loss" and stop["init_args"]["patience"] == zoom.PLATEAU_PATIENCE
+        stop["init_args"]["monitor"] == "val/loss"
+        and stop["init_args"]["patience"] == zoom.PLATEAU.patience
+        and stop["init_args"]["min_delta"] == zoom.PLATEAU.min_delta
     )
     # A plateau before the floor does not count (Lightning's min_steps would stop there at the floor).
     assert stop["class_path"] == "callbacks.early_stopping.DeferredEarlyStopping"
