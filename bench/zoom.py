@@ -485,6 +485,25 @@ def running_order(stages: list[Stage], seeds: list[int]) -> list[tuple[int, Stag
     ]
 
 
+PROGRESS_PACE = re.compile(r"^train step \d+/\d+ .*?(\d+\.\d+ s/step(?:  ETA .+)?)$")
+"""A training progress line's pace and ETA (:class:`callbacks.progress.ProgressLines`)."""
+
+
+def last_pace(log: Path) -> str | None:
+    """The seconds a step and the ETA of the last training progress line in ``log`` (a stage's
+    ``run.log``, every attempt appended), ``ETA`` two spaces after the pace as printed; None
+    before the first. The run's own estimate, from the steps of its latest attempt: stale once that
+    attempt has stopped."""
+    if not log.exists():
+        return None
+    paces = [
+        match[1]
+        for line in log.read_text(errors="replace").splitlines()
+        if (match := PROGRESS_PACE.match(line))
+    ]
+    return paces[-1].replace("  ETA", ", ETA") if paces else None
+
+
 def stage_state(run_dir: Path, steps: int, evaluations: list[str], recorded: bool) -> str:
     """One line of ``--status``: where a stage of a seed stands in the working folder and its record."""
     folder = run_dir.name
@@ -496,6 +515,8 @@ def stage_state(run_dir: Path, steps: int, evaluations: list[str], recorded: boo
         return f"{folder}: recorded, not in this folder (put back at the next start)"
     elif (run_dir / "csv").exists():
         state = f"training: step {max(last_steps(run_dir / 'csv'), default=0)} of {steps}"
+        pace = last_pace(run_dir / "run.log")
+        state += f" (its last progress line: {pace})" if pace else ""
     else:
         return f"{folder}: not started"
     return (
@@ -567,7 +588,8 @@ def main() -> None:
     parser.add_argument(
         "--status",
         action="store_true",
-        help="print where each stage of each seed stands (trained, its step, evaluated, recorded) and exit",
+        help="print where each stage of each seed stands (trained, its step and last pace, evaluated, "
+        "recorded) and exit",
     )
     parser.add_argument(
         "--stages",

@@ -499,6 +499,18 @@ def test_the_status_line_says_where_a_stage_stands(tmp_path: Path) -> None:
     assert zoom.stage_state(run_dir, 3000, evaluations, recorded=False) == (
         "sft-tool: training: step 350 of 3000; evaluated: none of val, test"
     )
+    # The pace and ETA of the last training progress line, of whichever attempt printed it last.
+    (run_dir / "run.log").write_text(
+        "train step 340/3000 (11%)  loss 0.25  2.31 s/step  ETA 1h 42m\n"
+        "train step 350/3000 (12%)  loss 0.2491  4.04 s/step  ETA 2h 58m\n"
+        "Traceback (most recent call last):\n"
+        "train step 10/3000 (0%)  loss 0.5\n"  # a resumed attempt's first line: no pace yet
+        "validate done: 5 batches in 12s\n"
+    )
+    assert zoom.stage_state(run_dir, 3000, evaluations, recorded=False) == (
+        "sft-tool: training: step 350 of 3000 (its last progress line: 4.04 s/step, ETA 2h 58m); "
+        "evaluated: none of val, test"
+    )
     (run_dir / "done").touch()
     (tmp_path / "seed0" / "sft-tool-val").mkdir()
     (tmp_path / "seed0" / "sft-tool-val" / "done").touch()
