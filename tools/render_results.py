@@ -73,6 +73,7 @@ def demo_runs_block(root: Path) -> str:
 
 
 ZOOM_SEED0 = Path("bench/results/zoom_protocol/given-share-0.5-seed0-budget3000")
+ZOOM_BENCH = Path("bench/results/zoom_protocol/bench-given-share-0.5")
 
 
 def gpu_check_block(root: Path) -> str:
@@ -748,7 +749,36 @@ def qwen3_bisect_block(root: Path) -> str:
     return "\n".join(lines)
 
 
+def zoom_bench_block(root: Path) -> str:
+    """The zoom bench's report over the most seeds so far (``report-seeds-*.md`` that
+    ``bench/zoom.py --records`` writes; of two over as many seeds, the later date, then the larger
+    name), as it printed it, with where it came from."""
+    folder = root / ZOOM_BENCH
+    reports = []
+    for path in folder.glob("report-seeds-*.md"):
+        header = dict(
+            line[2:].split(": ", 1) for line in path.read_text().splitlines() if line.startswith("- ")
+        )
+        seeds = path.stem.removeprefix("report-seeds-").split("-")
+        reports.append(((len(seeds), header["date"], path.name), path, header))
+    _, path, header = max(reports, key=lambda report: report[0])
+    body = path.read_text().split("```\n", 1)[1].rsplit("```", 1)[0].strip()
+    return "\n".join(
+        [
+            f"`{path.relative_to(root)}`, printed by `python bench/{header['command']}` at commit "
+            f"{header['commit'][:7]} on {header['date']} ({json.loads(header['machine'])['cpu']}, "
+            f"{json.loads(header['machine'])['cores']} cores; every stage's config, attempts, "
+            "metrics and predictions in the seed folders beside it):",
+            "",
+            "```",
+            body,
+            "```",
+        ]
+    )
+
+
 RENDERERS: dict[str, Callable[[Path], str]] = {
+    "zoom_bench": zoom_bench_block,
     "qwen3_bisect": qwen3_bisect_block,
     "mismatch_calibration": mismatch_calibration_block,
     "mismatch": mismatch_block,

@@ -65,6 +65,7 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
         "bench/results/zoom_cuda/given50",
         "bench/results/process_costs",
         "bench/results/zoom_protocol/given-share-0.5-seed0-budget3000/grpo-lr1e-4-kl0.2-requests-metrics.csv.gz",
+        *(str(p.relative_to(REPO)) for p in (REPO / ZOOM_BENCH).glob("report-seeds-*.md")),
     )
     for part in ("README.md", "docs", *results):
         source, target = REPO / part, tmp_path / part
@@ -79,6 +80,35 @@ def test_a_stale_figure_or_a_missing_block_is_caught(tmp_path: Path) -> None:
     readme.write_text(readme.read_text().replace("<!-- results:demo -->", ""))
     with pytest.raises(ValueError, match=r"no page holds the results block\(s\) \['demo'\]"):
         module.stale_pages(tmp_path, write=False)
+
+
+ZOOM_BENCH = "bench/results/zoom_protocol/bench-given-share-0.5"
+
+
+def zoom_report(seeds: list[int], date: str, lines: str) -> str:
+    header = (
+        f"# bench/zoom.py report, seeds {seeds}\n\n- command: zoom.py --seeds {' '.join(map(str, seeds))}\n"
+    )
+    header += f"- commit: {'a' * 40}\n- machine: " + '{"cpu": "AMD EPYC", "cores": 2, "gpu": null}'
+    return f"{header}\n- date: {date}\n\n```\n{lines}\n```\n"
+
+
+def test_the_zoom_bench_block_is_the_report_over_the_most_seeds(tmp_path: Path) -> None:
+    folder = tmp_path / ZOOM_BENCH
+    folder.mkdir(parents=True)
+    (folder / "report-seeds-0-1.md").write_text(zoom_report([0, 1], "2026-12-01", "two seeds"))
+    (folder / "report-seeds-2.md").write_text(zoom_report([2], "2026-12-03", "seed 2 alone, later"))
+    block = renderer().zoom_bench_block(tmp_path)
+    assert (
+        "report-seeds-0-1.md`, printed by `python bench/zoom.py --seeds 0 1` at commit aaaaaaa on 2026-12-01"
+        in block
+    )
+    assert block.endswith("```\ntwo seeds\n```")
+    # Over as many seeds, the later report wins: a rerun with more stages replaces the earlier one.
+    (folder / "report-seeds-0-2.md").write_text(zoom_report([0, 2], "2026-12-02", "a later pair"))
+    assert renderer().zoom_bench_block(tmp_path).endswith("```\na later pair\n```")
+    (folder / "report-seeds-0-1-2.md").write_text(zoom_report([0, 1, 2], "2026-12-01", "three seeds"))
+    assert renderer().zoom_bench_block(tmp_path).endswith("```\nthree seeds\n```")
 
 
 def config_reference():
