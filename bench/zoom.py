@@ -112,6 +112,14 @@ stopped it at step 1,324, when given the oracle request it answered 27.0% of the
 questions (chance 25%); trained on along the same 3,000-step schedule it answered 50.5% at step
 2,000 and 96.5% at its end (bench/results/zoom_protocol/given-share-0.5-seed0-step1001/ and
 given-share-0.5-seed0-budget3000/)."""
+DENSE_256_STEPS = 5000
+"""Dense 256's step budget (its schedule's length; its plateau can stop it from the tool SFT's
+budget on): the protocol trains it to its plateau or to at least 3 times the tool path's compute.
+Sized before it ran: the tool path's training cost 27,837 CPU seconds a seed (seeds 0 and 1,
+``report-seeds-0-1.md``) and a dense 256 step 18.35 (``bench/zoom_pace.py``, alone on the
+machine: bench/results/zoom_protocol/bench-given-share-0.5/pace.json), so 3 times is 4,551 steps;
+5,000 leaves room for a third seed's tool path costing more. The report prints the ratio each
+run reached."""
 TOOL_SFT_VAL_EVERY = 300
 """Steps between the tool SFT's validation-loss checks: its curve, not a stop."""
 
@@ -132,6 +140,9 @@ class Stage:
     """Trained and evaluated on the oracle traces, their request given with the question."""
     budget: bool = False
     """An SFT stage that runs its step budget (``--tool-sft-steps``) instead of to its plateau."""
+    compute_sized: bool = False
+    """A baseline whose most steps are ``--dense-256-steps`` (sized to 3 times the tool path's
+    compute) instead of ``--max-sft-steps``."""
 
     @property
     def plateau(self) -> bool:
@@ -146,7 +157,7 @@ STAGES = (  # GRPO starts from the tool SFT export; running_order says in which 
     Stage("dense 48", "sft-dense-48", "sft_dense.yaml", frames=48),
     Stage("oracle crop", "sft-oracle", "sft_tool.yaml", oracle=True),
     Stage("dense 128", "sft-dense-128", "sft_dense.yaml", frames=128),
-    Stage("dense 256", "sft-dense-256", "sft_dense.yaml", frames=256),
+    Stage("dense 256", "sft-dense-256", "sft_dense.yaml", frames=256, compute_sized=True),
 )
 STAGE_NAMES = tuple(stage.folder for stage in STAGES)
 BUDGETED = {stage.label for stage in STAGES if stage.budget}
@@ -471,6 +482,16 @@ def tokens_per_frame(model: Path, frame_side: int, max_pixels: int) -> float:
     return (height // side) * (width // side) / family.temporal_patch_size
 
 
+def stage_steps(stage: Stage, args: argparse.Namespace) -> int:
+    """The most steps ``stage`` trains (its schedule's length): GRPO's, the tool SFT's budget, dense
+    256's compute-sized budget, another baseline's cap."""
+    if stage.after:
+        return args.grpo_steps
+    if stage.budget:
+        return args.tool_sft_steps
+    return args.dense_256_steps if stage.compute_sized else args.max_sft_steps
+
+
 def running_order(stages: list[Stage], seeds: list[int]) -> list[tuple[int, Stage]]:
     """The (seed, stage) pairs in the order they run: the tool path (tool SFT, then GRPO) of every
     seed first, then each baseline over every seed, the cheapest first. GRPO against its SFT start
@@ -555,6 +576,13 @@ def main() -> None:
         "plateau or here; its learning-rate schedule's length)",
     )
     parser.add_argument(
+        "--dense-256-steps",
+        type=int,
+        default=DENSE_256_STEPS,
+        help="most steps of dense 256 (at least --tool-sft-steps; sized to 3 times the tool path's "
+        "compute, DENSE_256_STEPS says how)",
+    )
+    parser.add_argument(
         "--tool-sft-steps",
         type=int,
         default=TOOL_SFT_STEPS,
@@ -603,16 +631,17 @@ def main() -> None:
         n <= args.grpo_steps for n in args.longer_grpo
     ):
         parser.error("--longer-grpo: increasing step counts, each above --grpo-steps")
-    if args.max_sft_steps < args.tool_sft_steps:
-        parser.error("--max-sft-steps: a baseline trains at least the tool SFT's budget (--tool-sft-steps)")
+    for flag in ("max_sft_steps", "dense_256_steps"):
+        if getattr(args, flag) < args.tool_sft_steps:
+            option = "--" + flag.replace("_", "-")
+            parser.error(f"{option}: a baseline trains at least the tool SFT's budget (--tool-sft-steps)")
     if "grpo-tool" in args.stages and "sft-tool" not in args.stages:
         parser.error("--stages: grpo-tool starts from sft-tool's export")
     out, data, oracle_data = Path(args.out), args.data, args.oracle_data
     stages = [stage for stage in STAGES if stage.folder in args.stages]
 
     def steps_of(stage: Stage) -> int:
-        """The steps ``stage`` trains: GRPO's, the tool SFT's budget, a baseline's cap."""
-        return args.grpo_steps if stage.after else args.tool_sft_steps if stage.budget else args.max_sft_steps
+        return stage_steps(stage, args)
 
     if args.status:
         for seed, stage in running_order(stages, args.seeds):
@@ -731,7 +760,8 @@ def main() -> None:
     lines += reading_lines(results)
     lines += ["", "test split (the comparison; nothing was chosen on it):", report(results, tokens, "test")]
     lines += comparisons(results)
-    lines += training_lines(results, args.max_sft_steps, args.tool_sft_steps, BUDGETED, PLATEAU)
+    caps = {stage.label: steps_of(stage) for stage in stages}
+    lines += training_lines(results, caps, args.tool_sft_steps, BUDGETED, PLATEAU)
     if longer and sft_answers and first_grpo:
         lines.append(
             longer_grpo_report(

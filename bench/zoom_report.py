@@ -248,10 +248,15 @@ def reading_lines(results: dict[str, list[SeedResult]]) -> list[str]:
 
 
 def training_lines(
-    results: dict[str, list[SeedResult]], cap: int, budget: int, budgeted: Iterable[str], plateau: Plateau
+    results: dict[str, list[SeedResult]],
+    caps: dict[str, int],
+    budget: int,
+    budgeted: Iterable[str],
+    plateau: Plateau,
 ) -> list[str]:
     """How each SFT setting's training ended (the settings in ``budgeted``, the tool SFT, at their
-    ``budget``; a baseline after at least that many steps, at its plateau or at ``cap`` steps, and
+    ``budget``; a baseline after at least that many steps, at its plateau or at its most steps,
+    ``caps[label]``, and
     whether its validation loss had plateaued by then), and what the baselines cost against the
     tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the protocol trains dense 256 to
     its plateau or to at least 3 times the tool path's compute."""
@@ -273,7 +278,7 @@ def training_lines(
             )
             continue
         steps = ", ".join(f"seed {r.seed} {r.steps}" for r in seeds)
-        ended = f"steps {steps} (at least {budget}, at most {cap})"
+        ended = f"steps {steps} (at least {budget}, at most {caps[label]})"
         states: dict[str, list[int]] = {}
         for r in seeds:
             states.setdefault(plateau.state(r.val_loss), []).append(r.seed)

@@ -5,6 +5,7 @@ chosen on the validation split and judged on the test split alone."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import io
 import json
@@ -569,16 +570,51 @@ def test_a_target_whose_baselines_were_not_run_gets_no_verdict() -> None:
     assert judged[1].endswith("best dense baseline that reads: no dense baseline reads")
 
 
+@pytest.mark.parametrize("option", ["--max-sft-steps", "--dense-256-steps"])
 def test_a_baseline_cap_below_the_tool_sfts_budget_is_refused(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    option: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("sys.argv", ["zoom.py", "--max-sft-steps", "2000", "--tool-sft-steps", "3000"])
+    monkeypatch.setattr("sys.argv", ["zoom.py", option, "2000", "--tool-sft-steps", "3000"])
     with pytest.raises(SystemExit):
         zoom.main()
-    assert "a baseline trains at least the tool SFT's budget" in capsys.readouterr().err
+    assert f"{option}: a baseline trains at least the tool SFT's budget" in capsys.readouterr().err
+
+
+def test_dense_256_alone_trains_its_compute_sized_budget() -> None:
+    args = argparse.Namespace(grpo_steps=200, tool_sft_steps=3000, max_sft_steps=3500, dense_256_steps=5000)
+    steps = {stage.folder: zoom.stage_steps(stage, args) for stage in zoom.STAGES}
+    assert steps == {
+        "sft-tool": 3000,
+        "grpo-tool": 200,
+        "sft-dense-48": 3500,
+        "sft-oracle": 3500,
+        "sft-dense-128": 3500,
+        "sft-dense-256": 5000,
+    }
+    assert zoom.DENSE_256_STEPS * 18.35 >= 3 * 27_837  # the sizing its docstring states
 
 
 def test_a_baseline_run_without_the_tool_path_says_so_instead_of_a_ratio() -> None:
     dense = SeedResult(1, {}, {}, {}, Cost(100.0), steps=3000, val_loss=[0.5, 0.4, 0.3, 0.2])
-    (_, line) = training_lines({"dense 48": [dense]}, 3000, 3000, {"tool SFT"}, Plateau(3, 0.001))
+    (_, line) = training_lines(
+        {"dense 48": [dense]}, {"dense 48": 3000}, 3000, {"tool SFT"}, Plateau(3, 0.001)
+    )
     assert line.endswith("still falling in seeds [1]; the tool path was not run")
+
+
+def test_the_pace_measure_trains_the_bench_config_without_checkpoints_validation_or_a_stop() -> None:
+    from bench.zoom_pace import pace_config
+
+    dense_256 = zoom.STAGES[5]
+    config = pace_config(dense_256, Path("r"), Path("m"), "d", 25)
+    bench = zoom.stage_config(dense_256, Path("r"), Path("m"), "d", 0, 25, min_steps=25)
+    trainer = config["trainer"]
+    assert trainer["max_steps"] == 25 and trainer["limit_val_batches"] == 0
+    kept = [c["class_path"] for c in trainer["callbacks"]]
+    assert [c["class_path"] for c in bench["trainer"]["callbacks"] if c["class_path"] not in kept] == [
+        "callbacks.checkpoint.RunCheckpoint",
+        "callbacks.early_stopping.DeferredEarlyStopping",
+    ]
+    # Everything that sets a step's work is the bench's: the data, its frames, the model.
+    assert config["data"] == bench["data"] and config["model"] == bench["model"]
+    assert config["data"]["init_args"]["num_frames"] == 256
