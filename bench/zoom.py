@@ -22,8 +22,10 @@ at least that budget (in the tool runs the reading set in after the loss had nea
 falling, so a plateau reached sooner would say nothing of it), then until its validation loss
 plateaus (checked every ``PLATEAU_EVERY`` steps on ``PLATEAU_BATCHES`` validation batches, loss
 only; stopped by the ``PLATEAU`` rule, or at ``--max-sft-steps``,
-at least the budget). At the defaults both are 3,000: every SFT stage runs the same 3,000-step
-schedule, and the report says whether each baseline's validation loss had plateaued by its end.
+at least the budget). At the defaults both are 3,000: every SFT stage but dense 256 runs the same
+3,000-step schedule, and the report says whether each baseline's validation loss had plateaued by
+its end. Dense 256 runs ``--dense-256-steps`` (``DENSE_256_STEPS``: sized to 3 times the tool
+path's compute), its plateau able to stop it from the budget on.
 Each export then answers the validation split
 (what recipes are chosen on) and the test split (what is reported), greedily, tool runs with
 episodes (the rollout code); and the test questions again with every video swapped for another
@@ -47,7 +49,8 @@ and a start puts back what ``--out`` lacks: the working folder can be lost (a ne
 
 Usage: python bench/zoom.py [--data data/zoom] [--oracle-data data/zoom-oracle] [--seeds 0 1 2]
        [--given-oracle-share 0.5]
-       [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--tool-sft-steps 3000]
+       [--out runs/zoom-bench] [--family qwen3_vl] [--max-sft-steps 3000] [--dense-256-steps 5000]
+       [--tool-sft-steps 3000]
        [--grpo-steps 200]
        [--longer-grpo 300 400] [--grpo-set data.init_args.batch_size=16 ...] [--stages ...]
        [--records bench/results/zoom_protocol/NAME] [--status]
@@ -116,8 +119,8 @@ DENSE_256_STEPS = 5000
 """Dense 256's step budget (its schedule's length; its plateau can stop it from the tool SFT's
 budget on): the protocol trains it to its plateau or to at least 3 times the tool path's compute.
 Sized before it ran: the tool path's training cost 27,837 CPU seconds a seed (seeds 0 and 1,
-``report-seeds-0-1.md``) and a dense 256 step 18.35 (``bench/zoom_pace.py``, alone on the
-machine: bench/results/zoom_protocol/bench-given-share-0.5/pace.json), so 3 times is 4,551 steps;
+``report-seeds-0-1.md``) and a dense 256 step 18.22 (``bench/zoom_pace.py``, alone on the
+machine: bench/results/zoom_protocol/bench-given-share-0.5/pace.json), so 3 times is 4,583 steps;
 5,000 leaves room for a third seed's tool path costing more. The report prints the ratio each
 run reached."""
 TOOL_SFT_VAL_EVERY = 300
