@@ -303,7 +303,9 @@ def against_the_aim(run: dict[str, Any], aim: int) -> str:
     `.ci/run` as a whole (the fresh clone's set-up included)."""
 
     def stand(seconds: int) -> str:
-        if seconds <= aim:
+        if seconds == aim:  # recorded in whole seconds: at the aim, not under it
+            return f"{seconds:,} s is at it, not under"
+        if seconds < aim:
             return f"{seconds:,} s is under it by {aim - seconds:,} s"
         return f"{seconds:,} s is over it: the aim is {1 - aim / seconds:.0%} below"
 
