@@ -10,7 +10,7 @@ stages. The difference over the difference in steps is the cost of a step: the s
 model load, the first batches) and the export at the end cancel. Run it alone on the machine (a
 second process's threads make each step dearer: torch's worker threads spin while they wait).
 
-Usage: python bench/zoom_pace.py --data D --model M [--stages sft-tool sft-dense-256]
+Usage: python bench/zoom_pace.py --data D [--oracle-data O] --model M [--stages sft-tool sft-dense-256]
        [--short 5] [--long 15] [--out bench/results/zoom_protocol/pace.json]
 """
 
@@ -63,6 +63,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the bench's --data (its zoom build)")
+    parser.add_argument("--oracle-data", help="the bench's --oracle-data (the oracle crop's copy)")
     parser.add_argument("--model", required=True, help="the bench's small model (OUT/model-small)")
     parser.add_argument("--stages", nargs="+", choices=STAGE_NAMES, default=["sft-tool", "sft-dense-256"])
     parser.add_argument("--short", type=int, default=5, help="steps of the first run")
@@ -77,12 +78,13 @@ def main() -> None:
         for name in args.stages:
             if stages[name].after:
                 parser.error(f"--stages: {name} starts from another stage's export; only SFT stages")
+            if stages[name].oracle and not args.oracle_data:
+                parser.error(f"--stages: {name} trains on the oracle copy: give --oracle-data")
+            data = args.oracle_data if stages[name].oracle else args.data
             runs = {}
             for steps in (args.short, args.long):
                 run_dir = Path(tmp) / f"{name}-{steps}"
-                runs[steps] = fit(
-                    pace_config(stages[name], run_dir, Path(args.model), args.data, steps), run_dir
-                )
+                runs[steps] = fit(pace_config(stages[name], run_dir, Path(args.model), data, steps), run_dir)
                 print(f"{name}, {steps} steps: {runs[steps].cpu_seconds:.1f} CPU s", flush=True)
             extra = args.long - args.short
             paces[name] = {
