@@ -21,8 +21,8 @@ tokens of each trace, is still being learned (``TOOL_SFT_STEPS``). Every baselin
 at least that budget (in the tool runs the reading set in after the loss had nearly stopped
 falling, so a plateau reached sooner would say nothing of it), then until its validation loss
 plateaus (checked every ``PLATEAU_EVERY`` steps on ``PLATEAU_BATCHES`` validation batches, loss
-only; stopped by the ``PLATEAU`` rule, or at ``--max-sft-steps``,
-at least the budget). At the defaults both are 3,000: every SFT stage but dense 256 runs the same
+only; stopped by the ``PLATEAU`` rule, or at ``--max-sft-steps``, at least the budget). At the
+defaults both are 3,000: every SFT stage but dense 256 runs the same
 3,000-step schedule, and the report says whether each baseline's validation loss had plateaued by
 its end. Dense 256 runs ``--dense-256-steps`` (``DENSE_256_STEPS``: sized to 3 times the tool
 path's compute), its plateau able to stop it from the budget on.
@@ -575,8 +575,8 @@ def main() -> None:
         "--max-sft-steps",
         type=int,
         default=3000,
-        help="most steps of a baseline SFT stage (each trains at least --tool-sft-steps, then stops at its "
-        "plateau or here; its learning-rate schedule's length)",
+        help="most steps of a baseline SFT stage but dense 256 (each trains at least --tool-sft-steps, "
+        "then stops at its plateau or here; its learning-rate schedule's length)",
     )
     parser.add_argument(
         "--dense-256-steps",
