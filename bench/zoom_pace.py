@@ -4,7 +4,7 @@ to at least 3 times the tool path's compute).
 
 Each stage is trained twice from the bench's own config (:func:`bench.zoom.stage_config`, seed 0,
 the bench's data and small model), ``--short`` then ``--long`` steps, with no checkpoints and no
-validation; each command's CPU seconds are counted whole (:func:`bench.process_usage.run_counted`:
+validation; each command's CPU seconds are counted whole (:func:`bench.grpo_runs.run_lvrl`:
 the trainer and every process it starts, the dataloader's included), as the bench counts its
 stages. The difference over the difference in steps is the cost of a step: the start (imports, the
 model load, the first batches) and the export at the end cancel. Run it alone on the machine (a
@@ -27,8 +27,9 @@ import yaml
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.process_usage import Usage, run_counted  # noqa: E402
-from bench.zoom import REPO, STAGE_NAMES, STAGES, Stage, stage_config  # noqa: E402
+from bench.grpo_runs import run_lvrl  # noqa: E402
+from bench.process_usage import Usage  # noqa: E402
+from bench.zoom import STAGE_NAMES, STAGES, Stage, stage_config  # noqa: E402
 
 
 def pace_config(stage: Stage, run_dir: Path, model: Path, data: str, steps: int) -> dict:
@@ -44,18 +45,11 @@ def pace_config(stage: Stage, run_dir: Path, model: Path, data: str, steps: int)
 
 
 def fit(config: dict, run_dir: Path) -> Usage:
+    """``lvrl fit`` on ``config`` in ``run_dir``, counted as the bench counts a stage's attempt
+    (:func:`bench.grpo_runs.run_lvrl`, which ends this script with the log's last line if it fails)."""
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
-    with (run_dir / "run.log").open("w") as log:
-        usage = run_counted(
-            [sys.executable, "-m", "app", "fit", "--config", str(run_dir / "config.yaml")],
-            cwd=REPO,
-            stdout=log,
-            stderr=log,
-        )
-    if usage.exit_status != 0:
-        sys.exit(f"{run_dir}: lvrl fit ended with status {usage.exit_status}; see {run_dir / 'run.log'}")
-    return usage
+    return run_lvrl(run_dir, ["fit", "--config", str(run_dir / "config.yaml")])
 
 
 def main() -> None:

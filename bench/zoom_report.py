@@ -256,10 +256,9 @@ def training_lines(
 ) -> list[str]:
     """How each SFT setting's training ended (the settings in ``budgeted``, the tool SFT, at their
     ``budget``; a baseline after at least that many steps, at its plateau or at its most steps,
-    ``caps[label]``, and
-    whether its validation loss had plateaued by then), and what the baselines cost against the
-    tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the protocol trains dense 256 to
-    its plateau or to at least 3 times the tool path's compute."""
+    ``caps[label]``, and whether its validation loss had plateaued by then), and what the baselines
+    cost against the tool path (tool SFT + tool GRPO, mean CPU seconds over seeds): the protocol
+    trains dense 256 to its plateau or to at least 3 times the tool path's compute."""
 
     def mean_cpu(label: str) -> float:
         seeds = results.get(label, [])

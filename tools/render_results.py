@@ -758,19 +758,20 @@ def zoom_bench_block(root: Path) -> str:
     folder = root / ZOOM_BENCH
     reports = []
     for path in folder.glob("report-seeds-*.md"):
-        header = dict(
-            line[2:].split(": ", 1) for line in path.read_text().splitlines() if line.startswith("- ")
-        )
+        # The provenance lines come before the fenced report, whose own lines may start with "- ".
+        above, body = path.read_text().split("```\n", 1)
+        header = dict(line[2:].split(": ", 1) for line in above.splitlines() if line.startswith("- "))
         seeds = path.stem.removeprefix("report-seeds-").split("-")
-        reports.append(((len(seeds), header["date"], path.name), path, header))
-    _, path, header = max(reports, key=lambda report: report[0])
-    body = path.read_text().split("```\n", 1)[1].rsplit("```", 1)[0].strip()
+        reports.append(
+            ((len(seeds), header["date"], path.name), path, header, body.rsplit("```", 1)[0].strip())
+        )
+    _, path, header, body = max(reports, key=lambda report: report[0])
+    machine = json.loads(header["machine"])
     return "\n".join(
         [
             f"`{path.relative_to(root)}`, printed by `python bench/{header['command']}` at commit "
-            f"{header['commit'][:7]} on {header['date']} ({json.loads(header['machine'])['cpu']}, "
-            f"{json.loads(header['machine'])['cores']} cores; every stage's config, attempts, "
-            "metrics and predictions in the seed folders beside it):",
+            f"{header['commit'][:7]} on {header['date']} ({machine['cpu']}, {machine['cores']} cores; "
+            "every stage's config, attempts, metrics and predictions in the seed folders beside it):",
             "",
             "```",
             body,
