@@ -32,6 +32,10 @@ KEPT_FOLDERS = ("csv", "predictions")
 """Folders a record keeps whole: Lightning's CSV metrics and the evaluations' answers."""
 COMPRESS_ABOVE = 64 * 1024
 MANIFEST = "record.json"
+READING_SUFFIX = ".md"
+"""A record's top-level markdown files are readings written beside it after the run
+(``bench/zoom_curve.py --out curve.md``): no working folder holds them, so a restore leaves them
+where they are, and rewriting the record drops them with the run they read."""
 
 
 def _kept(folder: Path) -> list[Path]:
@@ -78,6 +82,11 @@ def keep(records: Path, seed: int, stage: str, folders: Iterable[Path]) -> Path:
     return target
 
 
+def _is_reading(relative: Path) -> bool:
+    """Whether a record's file (relative to the record) is a reading written beside it."""
+    return len(relative.parts) == 1 and relative.suffix == READING_SUFFIX
+
+
 def restore(records: Path, out: Path, seed: int, stage: str) -> bool:
     """Put the record of ``stage`` of ``seed`` back into ``out/seed<N>`` (replacing any partial
     working folders of it); False if there is no record or the stage is done in ``out``."""
@@ -92,7 +101,9 @@ def restore(records: Path, out: Path, seed: int, stage: str) -> bool:
     if any(Path(name).name != name or name in (".", "..") for name in folders):
         raise ValueError(f"{source / MANIFEST}: folder names must be plain names, not {folders}")
     stored_files = sorted(
-        p.relative_to(source) for p in source.rglob("*") if p.is_file() and p.name != MANIFEST
+        relative
+        for relative in (p.relative_to(source) for p in source.rglob("*") if p.is_file())
+        if relative != Path(MANIFEST) and not _is_reading(relative)
     )
     strays = [str(relative) for relative in stored_files if relative.parts[0] not in folders]
     if strays:

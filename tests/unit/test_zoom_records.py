@@ -204,3 +204,20 @@ def test_a_record_whose_manifest_names_other_places_is_refused(tmp_path: Path, f
     with pytest.raises(ValueError, match=r"plain names|outside the folders"):
         zoom_records.restore(records, out, 0, "sft-tool")
     assert (out / "keep-me").is_dir() and not (out / "seed0").exists()
+
+
+def test_a_reading_written_beside_a_record_is_left_out_of_its_restore(tmp_path: Path) -> None:
+    """``bench/zoom_curve.py --out RECORD/curve.md`` writes a reading beside a finished record: a
+    restore puts back the working folders and leaves the reading; a markdown file inside a folder
+    the manifest does not list is still a stray."""
+    records, out = tmp_path / "records", tmp_path / "out"
+    kept = finished(tmp_path / "seed0" / "grpo-tool")
+    record = zoom_records.keep(records, 0, "grpo-tool", [tmp_path / "seed0" / "grpo-tool"])
+    (record / "curve.md").write_text("| steps | span hit |\n")
+    assert zoom_records.restore(records, out, 0, "grpo-tool")
+    assert files(out / "seed0" / "grpo-tool") == kept
+    assert sorted(p.name for p in (out / "seed0").iterdir()) == ["grpo-tool"]
+    (record / "other").mkdir()
+    (record / "other" / "notes.md").write_text("not a reading\n")
+    with pytest.raises(ValueError, match="outside the folders"):
+        zoom_records.restore(records, tmp_path / "again", 0, "grpo-tool")
