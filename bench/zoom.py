@@ -91,6 +91,7 @@ from bench.zoom_report import (
     comparisons,
     cost_cell,
     longer_grpo_report,
+    machine_line,
     reading_lines,
     report,
     summed,
@@ -285,14 +286,15 @@ def stage_cost(run_dir: Path) -> Cost:
     records = attempts(run_dir)
     measured = sum(r["cpu_seconds"] for r in records if r["cpu_seconds"] is not None)
     unmeasured = [r for r in records if r["cpu_seconds"] is None]
+    machines = tuple(sorted({r["machine"]["cpu"] for r in records if r.get("machine")}))
     if not unmeasured:
-        return Cost(measured)
+        return Cost(measured, machines=machines)
     versions = max(int(r["csv_versions"]) for r in unmeasured)
     steps = last_steps(run_dir / "csv")
     before, total = max(steps[:versions], default=0), max(steps, default=0)
     if total <= before:
-        return Cost(float("nan"), estimated=True)  # nothing measured to charge them by
-    return Cost(measured * total / (total - before), estimated=True)
+        return Cost(float("nan"), estimated=True, machines=machines)  # nothing measured to charge by
+    return Cost(measured * total / (total - before), estimated=True, machines=machines)
 
 
 def last_steps(csv_dir: Path) -> list[int]:
@@ -776,6 +778,7 @@ def main() -> None:
     lines.append(
         "(~: part charged per training step at the measured rate, for attempts whose CPU was not counted)"
     )
+    lines.append(machine_line(costs, args.seeds))
     text = "\n".join(lines)
     print("\n" + text)
     if records is not None:

@@ -24,11 +24,34 @@ class Cost:
 
     cpu_seconds: float
     estimated: bool = False
+    machines: tuple[str, ...] = ()
+    """The CPUs its attempts ran on (their records' ``machine.cpu``), sorted: CPU seconds of two
+    CPU models are not the same unit."""
 
 
 def summed(costs: Iterable[Cost]) -> Cost:
     listed = list(costs)
-    return Cost(sum(c.cpu_seconds for c in listed), any(c.estimated for c in listed))
+    machines = tuple(sorted({m for c in listed for m in c.machines}))
+    return Cost(sum(c.cpu_seconds for c in listed), any(c.estimated for c in listed), machines)
+
+
+def machine_line(costs: dict[str, list[Cost]], seeds: list[int]) -> str:
+    """Where the CPU seconds were counted: one CPU for every stage, or, when the bench moved
+    between machines, which CPU ran each stage of each seed (``costs[name][i]`` is seed
+    ``seeds[i]``'s), since a second of one CPU model is not a second of another."""
+    every = {m for listed in costs.values() for c in listed for m in c.machines}
+    if len(every) <= 1:
+        return f"CPU seconds counted on one CPU: {next(iter(every), 'not recorded')}"
+    parts = []
+    for name, listed in costs.items():
+        by_machine: dict[str, list[int]] = {}
+        for seed, cost in zip(seeds, listed, strict=False):
+            by_machine.setdefault(" + ".join(cost.machines) or "not recorded", []).append(seed)
+        parts.append(
+            f"{name}: " + "; ".join(f"{m} (seed {', '.join(map(str, s))})" for m, s in by_machine.items())
+        )
+    heading = "CPU seconds counted on different CPUs (not one unit; compare across them only roughly): "
+    return heading + ", ".join(parts)
 
 
 def cost_cell(costs: list[Cost]) -> str:

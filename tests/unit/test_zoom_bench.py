@@ -489,6 +489,29 @@ def test_a_stage_costs_the_cpu_of_its_attempts_and_charges_unmeasured_steps_at_t
     assert cost.estimated and cost.cpu_seconds != cost.cpu_seconds
 
 
+def test_the_report_says_which_cpu_counted_each_stages_seconds(tmp_path: Path) -> None:
+    """A stage's cost carries the CPUs its attempts ran on (a stage resumed on a new machine has
+    two); the report names one CPU when every stage shares it, and otherwise which CPU ran each
+    stage of each seed, since CPU seconds of two CPU models are not one unit."""
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    attempt(moved, 10.0, machine={"cpu": "AMD EPYC", "cores": 2})
+    attempt(moved, 5.0, machine={"cpu": "Intel Xeon", "cores": 2})
+    assert zoom.stage_cost(moved) == zoom.Cost(15.0, machines=("AMD EPYC", "Intel Xeon"))
+
+    amd, intel = zoom.Cost(1.0, machines=("AMD EPYC",)), zoom.Cost(1.0, machines=("Intel Xeon",))
+    assert zoom.summed([amd, intel]).machines == ("AMD EPYC", "Intel Xeon")
+    one = {"tool SFT training": [amd, amd], "dense 48 training": [amd, amd]}
+    assert zoom.machine_line(one, [0, 1]) == "CPU seconds counted on one CPU: AMD EPYC"
+    two = {"tool SFT training": [amd, amd], "dense 48 training": [amd, intel]}
+    line = zoom.machine_line(two, [0, 1])
+    assert line.startswith("CPU seconds counted on different CPUs")
+    stages = (
+        "tool SFT training: AMD EPYC (seed 0, 1), dense 48 training: AMD EPYC (seed 0); Intel Xeon (seed 1)"
+    )
+    assert line.endswith(stages)
+
+
 def test_the_status_line_says_where_a_stage_stands(tmp_path: Path) -> None:
     run_dir = tmp_path / "seed0" / "sft-tool"
     evaluations = ["val", "test"]
